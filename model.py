@@ -5,6 +5,7 @@ nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -236,3 +237,32 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
             logits, _ = self(idx_next, cache=cache)
         return idx
+
+
+CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
+
+
+def load_checkpoint(path, device="cpu"):
+    """Read a ckpt.pt written by train.py. Missing, unreadable or incomplete: a one-line ValueError."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "ckpt.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # torch raises many kinds for a truncated or foreign file
+        raise ValueError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {e})") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ValueError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt):
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint weights do not match its model config: {str(e).splitlines()[0]}") from None
+    return model

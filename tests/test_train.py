@@ -1,0 +1,125 @@
+"""train.py: configs, a real (tiny) run, exact resume, DDP, and every bad input as a one-line error."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from data.text.prepare import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the king queen lord doth thou art my good sir love night day come go speak hath not".split()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("texts")
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, 3000)))
+    return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
+
+
+def args(dataset, out_dir, **kw):
+    cfg = dict(dataset=dataset, out_dir=str(out_dir), batch_size=4, block_size=32, n_layer=1, n_head=2, n_embd=32,
+               max_iters=10, lr_decay_iters=20, warmup_iters=2, eval_interval=10, eval_iters=2, log_interval=5,
+               wandb_log=False, device="cpu")
+    return [f"--{k}={v}" for k, v in {**cfg, **kw}.items()]
+
+
+def run_main(argv):
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    return str(e.value)
+
+
+def weights(out_dir):
+    return torch.load(Path(out_dir) / "ckpt.pt", weights_only=True)
+
+
+def test_config_file_and_overrides(tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("pos_emb = 'learned'\nn_layer = 2\nlearning_rate = 1\n")
+    config = train.load_config([str(cfg), "--n_layer=3", "--device=cpu", "--rope_scaling={'rope_type': 'linear', 'factor': 2}"])
+    assert (config["pos_emb"], config["n_layer"], config["device"]) == ("learned", 3, "cpu")
+    assert config["learning_rate"] == 1.0 and isinstance(config["learning_rate"], float)
+    assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2}
+    assert config["wandb_run_name"] == "default"
+
+
+@pytest.mark.parametrize("content, argv, message", [
+    ("n_layers = 4\n", [], "unknown config key 'n_layers'"),
+    ("", ["--batchsize=4"], "unknown config key 'batchsize'"),
+    ("", ["--n_layer=2.5"], "n_layer=2.5 (from --n_layer=2.5) should be a int"),
+    ("", ["--compile=1"], "compile=1 (from --compile=1) should be a bool"),
+    ("pos_emb = 'alibi'\n", [], "pos_emb='alibi'"),
+    ("", ["--device=tpu"], "device='tpu' (from --device=tpu) is not one of: auto, cpu, cuda, cuda:N, mps"),
+    ("", ["--n_layer"], "expected --key=value, got '--n_layer'"),
+])
+def test_bad_config_is_a_one_line_error(tmp_path, content, argv, message):
+    cfg = tmp_path / "c.py"
+    cfg.write_text(content)
+    error = run_main([str(cfg), *argv])
+    assert message in error and "\n" not in error
+
+
+def test_missing_config_file_and_missing_data_are_clear(tmp_path):
+    assert "config file nope.py not found" in run_main(["nope.py"])
+    error = run_main(args(str(tmp_path / "nodata"), tmp_path / "out"))
+    assert "no prepared data" in error and "prepare.py" in error
+
+
+def test_training_lowers_the_loss_and_writes_a_checkpoint(dataset, tmp_path, capsys):
+    train.main(args(dataset, tmp_path, max_iters=40, eval_interval=40, learning_rate=3e-3, lr_decay_iters=40))
+    out = capsys.readouterr().out
+    first, last = (float(line.split("val loss ")[1]) for line in out.splitlines() if "val loss" in line)
+    assert last < first - 1.0
+    ckpt = weights(tmp_path)
+    assert ckpt["iter_num"] == 40 and ckpt["model_args"]["vocab_size"] == 512 and ckpt["best_val_loss"] == pytest.approx(last, abs=1e-4)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resume_continues_exactly_where_it_stopped(dataset, tmp_path, capsys):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train.main(args(dataset, straight, max_iters=20))
+    train.main(args(dataset, split, max_iters=10))
+    train.main(args(dataset, split, max_iters=20, init_from="resume"))
+    assert "resuming from" in capsys.readouterr().out
+    a, b = weights(straight), weights(split)
+    assert b["iter_num"] == 20
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_resume_rejects_a_mismatched_or_corrupted_checkpoint(dataset, tmp_path):
+    train.main(args(dataset, tmp_path, max_iters=10))
+    error = run_main(args(dataset, tmp_path, init_from="resume", n_layer=2))
+    assert "does not match this run: n_layer=1 (config: 2)" in error
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert "is corrupted or not a ropelab checkpoint" in run_main(args(dataset, tmp_path, init_from="resume"))
+    assert "no checkpoint at" in run_main(args(dataset, tmp_path / "empty", init_from="resume"))
+
+
+def test_bad_model_option_is_a_one_line_error(dataset, tmp_path):
+    assert "RoPE needs an even head dimension" in run_main(args(dataset, tmp_path, n_embd=30, n_head=2))
+    error = run_main(args(dataset, tmp_path, rope_scaling="{'rope_type': 'ntk', 'factor': 0.5}"))
+    assert "factor must be a number >= 1, got 0.5" in error
+
+
+def test_cli_exits_nonzero_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--n_layers=2"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == "train.py: error: unknown config key 'n_layers' (from --n_layers=2); the keys are listed in DEFAULTS in train.py"
+
+
+def test_ddp_with_two_cpu_processes(dataset, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train.py"), *args(dataset, tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "256 tokens/iter, device cpu, float32, 2 process(es)" in proc.stdout  # 2 x batch 4 x 32
+    assert weights(tmp_path)["iter_num"] == 10

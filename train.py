@@ -1,0 +1,327 @@
+"""
+Train a small GPT at a short context length.
+
+    python train.py configs/rope_small.py [--key=value ...]
+    torchrun --standalone --nproc_per_node=8 train.py configs/rope_small.py   # DDP, one node
+
+A config file is plain Python assignments over DEFAULTS below; --key=value overrides it.
+An unknown key, a wrong type or an invalid choice is a one-line error.
+"""
+import ast
+import math
+import netrc
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from data.prepare import get_batch, load_meta, load_split
+from model import GPT, POS_EMBS, GPTConfig, load_checkpoint, model_from_checkpoint
+from rope import LAYOUTS
+
+DEFAULTS = dict(
+    # I/O
+    out_dir="out/default",
+    init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    eval_interval=250,  # iterations between validation loss and checkpoint
+    eval_iters=20,  # batches per validation estimate
+    log_interval=25,
+    # wandb: online if logged in, else offline into ./wandb (upload later with `wandb sync`)
+    wandb_log=True,
+    wandb_project="ropelab",
+    wandb_run_name="",  # default: the name of out_dir
+    # data: data/<dataset>/ written by data/<dataset>/prepare.py (or an absolute path to such a folder)
+    dataset="shakespeare",
+    batch_size=32,
+    block_size=256,  # the training length
+    gradient_accumulation_steps=1,  # per process
+    # model
+    n_layer=4,
+    n_head=4,
+    n_embd=128,
+    dropout=0.0,
+    pos_emb="rope",  # learned | sinusoidal | rope | none
+    rope_base=10000.0,
+    rope_layout="half",  # half (GPT-NeoX, HF LLaMA) | interleaved (GPT-J, Meta LLaMA)
+    rope_scaling=None,  # Hugging Face style dict, to train with a scaling already applied
+    # AdamW, linear warmup then cosine decay to min_lr
+    learning_rate=1e-3,
+    max_iters=2000,
+    weight_decay=0.1,
+    beta1=0.9,
+    beta2=0.95,
+    grad_clip=1.0,
+    warmup_iters=100,
+    lr_decay_iters=2000,
+    min_lr=1e-4,
+    # system
+    device="auto",  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
+    dtype="auto",  # auto (bfloat16 on CUDA if supported, else float32) | float32 | bfloat16 | float16
+    compile=False,  # torch.compile the model
+    seed=1337,
+)
+CHOICES = dict(init_from=("scratch", "resume"), pos_emb=POS_EMBS, rope_layout=LAYOUTS,
+               dtype=("auto", "float32", "bfloat16", "float16"))
+MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "pos_emb", "rope_base", "rope_layout", "rope_scaling")
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
+
+
+# ----------------------------------------------------------------------------- config
+
+def set_key(config, key, value, source):
+    if key not in DEFAULTS:
+        raise ValueError(f"unknown config key {key!r} (from {source}); the keys are listed in DEFAULTS in train.py")
+    default = DEFAULTS[key]
+    ok = (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)
+          or (key == "rope_scaling" and value is None))
+    if not ok:
+        raise ValueError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
+    if key == "device" and value.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
+        raise ValueError(f"device={value!r} (from {source}) is not one of: auto, cpu, cuda, cuda:N, mps")
+    config[key] = float(value) if type(default) is float else value
+
+
+def load_config(argv):
+    """DEFAULTS, then each config file and --key=value in order."""
+    config = dict(DEFAULTS)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, text = arg[2:].partition("=")
+            if not eq:
+                raise ValueError(f"expected --key=value, got {arg!r}")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text  # a bare string such as --device=cpu
+            set_key(config, key, value, arg)
+        else:
+            if not Path(arg).is_file():
+                raise FileNotFoundError(f"config file {arg} not found (see configs/)")
+            namespace = {}
+            exec(compile(Path(arg).read_text(), arg, "exec"), namespace)
+            for key, value in namespace.items():
+                if not key.startswith("_"):
+                    set_key(config, key, value, arg)
+    if not config["wandb_run_name"]:
+        config["wandb_run_name"] = Path(config["out_dir"]).name
+    return config
+
+
+def init_wandb(config, job_type, group):
+    """A wandb run that never blocks on a login prompt: online when logged in, else offline."""
+    import wandb
+    mode = os.environ.get("WANDB_MODE")
+    if not mode:
+        try:
+            logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
+        except (OSError, netrc.NetrcParseError):
+            logged_in = False
+        mode = "online" if logged_in else "offline"
+    return wandb.init(project=config["wandb_project"], name=f"{group}-{job_type}", group=group,
+                      job_type=job_type, config=config, mode=mode)
+
+
+# ----------------------------------------------------------------------------- training
+
+def lr_at(it, c):
+    if it < c["warmup_iters"]:
+        return c["learning_rate"] * (it + 1) / (c["warmup_iters"] + 1)
+    if it > c["lr_decay_iters"]:
+        return c["min_lr"]
+    ratio = (it - c["warmup_iters"]) / max(1, c["lr_decay_iters"] - c["warmup_iters"])
+    return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
+
+
+def pick_device(name):
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+def data_dir(dataset):
+    return Path(dataset) if Path(dataset).is_absolute() else Path(__file__).resolve().parent / "data" / dataset
+
+
+def prepare_if_missing(dataset):
+    if dataset == "shakespeare" and not (data_dir(dataset) / "meta.json").exists():
+        print("no prepared data yet: preparing data/shakespeare (once)")
+        from data.shakespeare.prepare import prepare
+        prepare()
+
+
+def save_checkpoint(ckpt, path):
+    # write then rename: a crash leaves the previous checkpoint, never half a file
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def resume(config, out_dir, meta, device):
+    ckpt = load_checkpoint(out_dir, device)
+    differ = [f"{k}={ckpt['model_args'].get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS
+              if ckpt["model_args"].get(k) != config[k]]
+    if ckpt["model_args"]["vocab_size"] != meta["vocab_size"]:
+        differ.append(f"vocab_size={ckpt['model_args']['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
+    if differ:
+        raise ValueError(f"checkpoint {out_dir}/ckpt.pt does not match this run: {'; '.join(differ)}")
+    return ckpt
+
+
+@torch.no_grad()
+def estimate_loss(model, splits, config, ctx, device):
+    model.eval()
+    rng = np.random.default_rng(0)  # the same batches at every evaluation, so the curve is not noise
+    losses = {}
+    for split, tokens in splits.items():
+        total = 0.0
+        for _ in range(config["eval_iters"]):
+            x, y = (t.to(device) for t in get_batch(tokens, config["batch_size"], config["block_size"], rng))
+            with ctx:
+                total += model(x, y)[1].item()
+        losses[split] = total / config["eval_iters"]
+    model.train()
+    return losses
+
+
+def train(config):
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    device = pick_device(config["device"])
+    if ddp:
+        if device.startswith("cuda"):
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
+        init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    master = rank == 0
+    device_type = device.split(":")[0]
+    dtype = config["dtype"]
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    ptdtype = getattr(torch, dtype)
+    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    torch.manual_seed(config["seed"] + rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+    if master:  # once, before the other processes look
+        prepare_if_missing(config["dataset"])
+    if ddp:
+        torch.distributed.barrier()
+    meta = load_meta(data_dir(config["dataset"]))
+    splits = {s: load_split(data_dir(config["dataset"]), s)[0] for s in ("train", "val")}
+    out_dir = Path(config["out_dir"])
+    rng = np.random.default_rng(config["seed"] + rank)
+    iter_num, best_val_loss, ckpt = 0, float("inf"), None
+    if config["init_from"] == "resume":
+        ckpt = resume(config, out_dir, meta, device)
+        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        if master:
+            rng.bit_generator.state = ckpt["rng"]["numpy"]
+            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+        else:  # other processes: a fresh stream, not a replay of what they drew before
+            rng = np.random.default_rng([config["seed"], rank, iter_num])
+        print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
+
+    gptconf = GPTConfig(vocab_size=meta["vocab_size"], **{k: config[k] for k in MODEL_KEYS})
+    model = GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt)
+    model.to(device)
+    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
+                                           (config["beta1"], config["beta2"]), device_type)
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    ckpt = None  # free memory
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    raw_model = model
+    if config["compile"]:
+        model = torch.compile(model)
+    if ddp:
+        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+
+    gas = config["gradient_accumulation_steps"]
+    tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
+    peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+    run = None
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
+              f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
+        if config["wandb_log"]:
+            run = init_wandb(config, "train", config["wandb_run_name"])
+
+    def checkpoint():
+        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
+                         "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
+                         "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}},
+                        out_dir / "ckpt.pt")
+
+    t0 = time.time()
+    while True:
+        lr = lr_at(iter_num, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
+            if master:
+                losses = estimate_loss(raw_model, splits, config, ctx, device)
+                best_val_loss = min(best_val_loss, losses["val"])
+                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                if run:
+                    run.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr})
+                if iter_num > 0:
+                    checkpoint()
+            t0 = time.time()  # evaluation time is not training throughput
+        if iter_num >= config["max_iters"]:
+            break
+        for micro in range(gas):
+            if ddp:  # all-reduce gradients on the last micro step only
+                model.require_backward_grad_sync = micro == gas - 1
+            x, y = (t.to(device) for t in get_batch(splits["train"], config["batch_size"], config["block_size"], rng))
+            with ctx:
+                _, loss = model(x, y)
+                loss = loss / gas
+            scaler.scale(loss).backward()
+        if config["grad_clip"]:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        iter_num += 1
+        if iter_num % config["log_interval"] == 0 and master:
+            if device_type == "cuda":
+                torch.cuda.synchronize()
+            dt = (time.time() - t0) / config["log_interval"]
+            t0 = time.time()
+            tok_s = tokens_per_iter / dt
+            flops = raw_model.flops_per_token(config["block_size"]) * tok_s
+            mfu = f", mfu {100 * flops / peak:.1f}%" if peak else ""
+            print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
+                  f"{flops / 1e12:.2f} TFLOP/s{mfu}")
+            if run:
+                run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
+    if run:
+        run.finish()
+    if ddp:
+        destroy_process_group()
+
+
+def main(argv):
+    try:
+        train(load_config(argv))
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"train.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
