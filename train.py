@@ -153,6 +153,18 @@ def data_dir(dataset):
     return Path(dataset) if Path(dataset).is_absolute() else Path(__file__).resolve().parent / "data" / dataset
 
 
+def autocast(dtype, device_type):
+    """(dtype name, context for the forward pass): mixed precision through autocast, float32 as is."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return dtype, nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
+
+
+def peak_flops(device_type):
+    name = torch.cuda.get_device_name() if device_type == "cuda" else ""
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
 def prepare_if_missing(dataset):
     if dataset == "shakespeare" and not (data_dir(dataset) / "meta.json").exists():
         print("no prepared data yet: preparing data/shakespeare (once)")
@@ -205,11 +217,7 @@ def train(config):
         init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     master = rank == 0
     device_type = device.split(":")[0]
-    dtype = config["dtype"]
-    if dtype == "auto":
-        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    ptdtype = getattr(torch, dtype)
-    ctx = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    dtype, ctx = autocast(config["dtype"], device_type)
     torch.manual_seed(config["seed"] + rank)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -250,7 +258,7 @@ def train(config):
 
     gas = config["gradient_accumulation_steps"]
     tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
-    peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+    peak = peak_flops(device_type)
     run = None
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -134,3 +134,10 @@ def test_wandb_without_login_logs_offline_and_never_prompts(dataset, tmp_path, m
     train.main(args(dataset, tmp_path / "out", wandb_log=True, wandb_run_name="w"))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_bench_prints_throughput_and_memory():
+    cmd = [sys.executable, str(ROOT / "bench.py"), "--n_layer=1", "--block_size=32", "--batch_size=2", "--steps=2", "--vocab_size=300"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens/s" in proc.stdout and "peak memory" in proc.stdout and "vocab 300, batch 2x32" in proc.stdout
