@@ -192,13 +192,15 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)
-        if self.config.pos_emb == "learned":
+        if self.config.pos_emb == "sinusoidal":
+            # Vaswani et al. scale token embeddings by sqrt(d): the unit-amplitude table would otherwise
+            # drown GPT-2-initialised (std 0.02) embeddings
+            x = x * math.sqrt(self.config.n_embd) + sinusoidal_embedding(positions, self.config.n_embd).to(x.dtype)
+        elif self.config.pos_emb == "learned":
             if start + T > self.config.block_size:
                 raise ValueError(f"learned position table has {self.config.block_size} entries; "
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
-        elif self.config.pos_emb == "sinusoidal":
-            x = x + sinusoidal_embedding(positions, self.config.n_embd).to(x.dtype)
         rope = self.rope_tables(start + T, idx.device, causal_dynamic) if self.config.pos_emb == "rope" else None
         x = self.transformer.drop(x)
         for block in self.transformer.h:

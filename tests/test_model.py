@@ -1,8 +1,10 @@
 """The GPT: position encodings, KV cache, exact causal dynamic scaling, clear errors."""
+import math
+
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig, KVCache, sinusoidal_embedding
 
 L = 16
 
@@ -74,6 +76,13 @@ def test_half_and_interleaved_models_agree_when_q_k_channels_are_permuted():
     assert torch.allclose(half(idx)[0], inter(idx)[0], atol=1e-4)
     half.load_state_dict(inter.state_dict())  # same weights without the permutation: different model
     assert not torch.allclose(half(idx)[0], inter(idx)[0], atol=1e-2)
+
+
+def test_sinusoidal_table_by_hand():
+    pe = sinusoidal_embedding(torch.arange(3), 4)  # PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...)
+    expected = [[0, 1, 0, 1], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
+                [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)]]
+    assert torch.allclose(pe, torch.tensor(expected), atol=1e-6)
 
 
 def test_learned_positions_past_the_table_are_a_clear_error():
