@@ -1,0 +1,1 @@
+"""Evaluations of trained runs: score.py (shared loading and scoring), extrapolate.py, compare.py."""

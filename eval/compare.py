@@ -1,0 +1,110 @@
+"""
+Compare runs evaluated by eval/extrapolate.py: one figure and one markdown table across runs.
+
+    python eval/compare.py out/rope_small out/sinusoidal_small out/learned_small [--out out/compare]
+        [--metric ppl|ppl_beyond_train]
+
+Writes PREFIX.png (the metric against eval length, log2 x-axis, one line per run / method (mode))
+and PREFIX.md (ppl at each eval length, "n/a" where not available), and prints the table.
+"""
+import sys
+from pathlib import Path
+
+# run as `python eval/compare.py` the script's own folder is on sys.path, not the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+from eval.extrapolate import fmt, label  # noqa: E402
+
+METRICS = ("ppl", "ppl_beyond_train")
+
+
+def load_report(run_dir):
+    path = Path(run_dir) / "extrapolation.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path}; evaluate the run first: python eval/extrapolate.py {run_dir}")
+    try:
+        report = json.loads(path.read_text())
+        missing = [k for k in ("run", "train_len", "results") if k not in report]
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
+    if missing:
+        raise ValueError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
+    return report
+
+
+def lines(reports):
+    """{row label: {multiple of train length: entry}}: one row per run / method (mode)."""
+    rows = {}
+    for rep in reports:
+        for r in rep["results"]:
+            rows.setdefault(f"{rep['run']} / {label(r)}", {})[r["eval_len"] / rep["train_len"]] = r
+    return rows
+
+
+def markdown(reports):
+    rows = lines(reports)
+    multiples = sorted({m for cells in rows.values() for m in cells})
+    train_lens = {rep["train_len"] for rep in reports}
+    # with one training length the columns can name the token count too
+    head = [f"{m:g}x" + (f" ({round(m * next(iter(train_lens)))})" if len(train_lens) == 1 else "") for m in multiples]
+    out = ["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head)]
+    for name, cells in rows.items():
+        out.append(f"| {name} | " + " | ".join(fmt(cells[m]["ppl"]) if m in cells else "" for m in multiples) + " |")
+    return "perplexity by eval length (multiples of the training length)\n\n" + "\n".join(out) + "\n"
+
+
+def plot(reports, metric, path):
+    import matplotlib
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, cells in lines(reports).items():
+        points = sorted((m, r[metric]) for m, r in cells.items() if r[metric] is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", lw=1.2, label=name)
+    ax.set_xscale("log", base=2)
+    multiples = sorted({m for cells in lines(reports).values() for m in cells})
+    ax.set_xticks(multiples, [f"{m:g}x" for m in multiples])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set(xlabel="eval length / training length", ylabel=metric.replace("_", " "),
+           title=f"{metric.replace('_', ' ')} against eval length ({', '.join(rep['run'] for rep in reports)})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare(run_dirs, prefix, metric):
+    reports = [load_report(d) for d in run_dirs]
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    table = markdown(reports)
+    Path(f"{prefix}.md").write_text(table)
+    plot(reports, metric, f"{prefix}.png")
+    print(table + f"-> {prefix}.md, {prefix}.png")
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
+    p.add_argument("run_dirs", nargs="+", help="run folders holding extrapolation.json")
+    p.add_argument("--out", default="out/compare", help="output prefix (default out/compare)")
+    p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
+
+    def fail(message):  # argparse would print usage and the message on two lines: keep bad input one line
+        raise ValueError(message)
+    p.error = fail
+    try:
+        a = p.parse_args(argv)
+        if a.metric not in METRICS:
+            raise ValueError(f"unknown --metric {a.metric!r}; allowed: {', '.join(METRICS)}")
+        compare(a.run_dirs, a.out, a.metric)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"compare.py: error: {' '.join(str(e).split())}")  # one line, always
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,242 @@
+"""eval/: score.py, extrapolate.py and compare.py on a tiny dataset and tiny trained models."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+import train
+from data.prepare import load_split
+from data.text.prepare import prepare
+from eval import compare, extrapolate
+from eval.score import load_run, score_windows
+from model import KVCache
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the king queen lord doth thou art my good sir love night day come go speak hath not".split()
+L = 32  # training length of the tiny runs
+ENTRY_FIELDS = ("method", "mode", "eval_len", "factor", "rope_scaling", "loss", "ppl", "loss_beyond_train",
+                "ppl_beyond_train", "loss_by_position", "stderr", "n_windows", "available", "reason")
+LOSS_FIELDS = ("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "loss_by_position", "stderr")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    # 6 documents -> 1 held-out document of ~6.8k tokens: enough windows up to 16x = 512 tokens
+    folder = tmp_path_factory.mktemp("texts")
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, 3000)))
+    return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
+
+
+def trained(tmp_path_factory, dataset, name, **kw):
+    out_dir = tmp_path_factory.mktemp("runs") / name
+    cfg = dict(dataset=dataset, out_dir=str(out_dir), batch_size=8, block_size=L, n_layer=1, n_head=2, n_embd=32,
+               max_iters=40, lr_decay_iters=40, warmup_iters=2, learning_rate=3e-3, eval_interval=40, eval_iters=1,
+               log_interval=40, wandb_log=False, device="cpu", **kw)
+    train.main([f"--{k}={v}" for k, v in cfg.items()])
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory, dataset):
+    # a few iterations on random words leave attention almost uniform, so positions (and hence every
+    # scaling method) would barely change the loss and the "equals none" tests could pass vacuously:
+    # sharpen the attention by scaling the query and key weights
+    out_dir = trained(tmp_path_factory, dataset, "rope")
+    ckpt = torch.load(out_dir / "ckpt.pt", weights_only=True)
+    ckpt["model"]["transformer.h.0.attn.c_attn.weight"][:2 * 32] *= 8  # rows of q and k (n_embd 32 each)
+    torch.save(ckpt, out_dir / "ckpt.pt")
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def learned_run(tmp_path_factory, dataset):
+    return trained(tmp_path_factory, dataset, "learned", pos_emb="learned")
+
+
+def run(run_dir, out, *argv):
+    extrapolate.main([str(run_dir), "--out", str(out), "--n_windows", "4", "--no-wandb", *argv])
+    return json.loads((Path(out) / "extrapolation.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def report(rope_run, tmp_path_factory):
+    return run(rope_run, tmp_path_factory.mktemp("eval"), "--lengths", "1,2,4")
+
+
+def by(report, method, mode=None):
+    return {r["eval_len"]: r for r in report["results"] if r["method"] == method and r["mode"] == mode}
+
+
+def windows_of(report, eval_len):
+    return np.array(report["windows"][str(eval_len)])
+
+
+def test_none_at_1x_is_the_plain_forward_loss(rope_run, report):
+    model, _, data_dir = load_run(rope_run)
+    tokens, _ = load_split(data_dir, "val")
+    rows = torch.tensor(np.stack([tokens[s:s + L + 1] for s in windows_of(report, L)]).astype(np.int64))
+    with torch.no_grad():
+        _, loss = model(rows[:, :-1], rows[:, 1:])
+    assert by(report, "none")[L]["loss"] == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_per_position_losses_average_to_the_loss(report):
+    for r in report["results"]:
+        curve = np.array(r["loss_by_position"])
+        assert len(curve) == r["eval_len"]
+        assert curve.mean() == pytest.approx(r["loss"], abs=1e-6)
+        if r["eval_len"] > L:
+            assert curve[L:].mean() == pytest.approx(r["loss_beyond_train"], abs=1e-6)
+            assert r["ppl_beyond_train"] == pytest.approx(np.exp(r["loss_beyond_train"]))
+        else:
+            assert r["loss_beyond_train"] is None and r["ppl_beyond_train"] is None
+
+
+def test_every_method_at_factor_1_equals_none(rope_run, report, tmp_path):
+    # at 1x (auto factor 1, dynamic unchanged up to the training length): every method and mode
+    for r in report["results"]:
+        if r["eval_len"] == L:
+            assert r["loss_by_position"] == pytest.approx(by(report, "none")[L]["loss_by_position"], abs=1e-5), r["method"]
+    # a pinned factor 1 at every length (dynamic-ntk's scale follows the length, so not that one)
+    pinned = run(rope_run, tmp_path, "--lengths", "2,4", "--factor", "1", "--methods", "none,pi,ntk,yarn")
+    for method in ("pi", "ntk", "yarn"):
+        for T, r in by(pinned, method).items():
+            assert r["factor"] == 1 and r["loss_by_position"] == pytest.approx(by(pinned, "none")[T]["loss_by_position"], abs=1e-5)
+
+
+def test_scaling_changes_the_loss_past_the_training_length(report):
+    # the opposite of the test above: the methods are really applied (else it would pass vacuously)
+    for method, mode in (("pi", None), ("ntk", None), ("yarn", None), ("dynamic-ntk", "sequence")):
+        assert abs(by(report, method, mode)[4 * L]["loss"] - by(report, "none")[4 * L]["loss"]) > 1e-4, method
+
+
+def test_the_json_has_every_field_for_every_entry(report):
+    assert {"train_len", "pos_emb", "run", "checkpoint_iter", "n_windows_requested", "seed", "results"} <= set(report)
+    assert (report["train_len"], report["pos_emb"], report["run"], report["n_windows_requested"]) == (L, "rope", "rope", 4)
+    assert len(report["results"]) == 6 * 3  # none, pi, ntk, 2 dynamic modes, yarn x 3 lengths
+    for r in report["results"]:
+        assert set(ENTRY_FIELDS) <= set(r) and r["available"] and r["reason"] is None and r["n_windows"] == 4
+        assert (r["mode"] in ("sequence", "causal")) == (r["method"] == "dynamic-ntk")
+    yarn, dyn = by(report, "yarn")[2 * L], by(report, "dynamic-ntk", "causal")[4 * L]
+    assert yarn["rope_scaling"] == {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": L}
+    assert dyn["factor"] == 1 and dyn["rope_scaling"] == {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+    assert by(report, "pi")[4 * L]["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
+    assert by(report, "none")[L]["rope_scaling"] is None
+
+
+def test_windows_stay_inside_one_held_out_document(rope_run, report, tmp_path):
+    _, docs = load_split(load_run(rope_run)[2], "val")
+    far = run(rope_run, tmp_path, "--lengths", "8,16", "--methods", "none", "--n_windows", "100")
+    for rep in (report, far):
+        for length, starts in rep["windows"].items():
+            T = int(length)
+            inside = [(docs[:, 0] <= s) & (s + T + 1 <= docs[:, 1]) for s in starts]  # inputs + the shifted target
+            assert all(row.any() for row in inside), T
+    # fewer windows than asked: use what exists and say how many
+    n = by(far, "none")[16 * L]["n_windows"]
+    assert n == len(far["windows"][str(16 * L)]) == ((docs[:, 1] - docs[:, 0]) // (16 * L + 1)).sum() < 100
+
+
+def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
+    model, _, data_dir = load_run(rope_run)
+    tokens, docs = load_split(data_dir, "val")
+    T, start = 3 * L, int(docs[0, 0])
+    model.config.rope_scaling = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+    causal = score_windows(model, tokens, [start], T, causal_dynamic=True)[0]
+    sequence = score_windows(model, tokens, [start], T)[0]
+    x = torch.tensor(tokens[start:start + T + 1].astype(np.int64))
+    cache, reference = KVCache(model.config.n_layer), []
+    with torch.no_grad():  # the reference: one token at a time, each step rotates with its own length
+        for t in range(T):
+            logits, _ = model(x[None, t:t + 1], cache=cache)
+            reference.append(F.cross_entropy(logits[0], x[t + 1:t + 2]).item())
+    assert causal == pytest.approx(reference, abs=1e-4)
+    assert np.abs(causal[L:] - sequence[L:]).max() > 1e-3
+    model.config.rope_scaling = None
+    assert causal[:L] == pytest.approx(score_windows(model, tokens, [start], L)[0], abs=1e-5)
+
+
+def test_a_learned_table_is_not_available_past_its_size(learned_run, tmp_path, capsys):
+    rep = run(learned_run, tmp_path, "--lengths", "1,2", "--methods", "none,pi,yarn")
+    assert "RoPE methods (pi, yarn) do not apply; evaluating with none only" in capsys.readouterr().out
+    assert [(r["method"], r["eval_len"]) for r in rep["results"]] == [("none", L), ("none", 2 * L)]
+    at_1x, at_2x = rep["results"]
+    assert at_1x["available"] and at_1x["loss"] > 0 and at_1x["reason"] is None
+    assert not at_2x["available"] and "learned position table has 32 entries" in at_2x["reason"]
+    assert all(at_2x[k] is None for k in LOSS_FIELDS)
+    assert (tmp_path / "extrapolation.png").stat().st_size > 0 and "n/a" in extrapolate.table(rep)
+
+
+def error_of(argv):
+    with pytest.raises(SystemExit) as e:
+        extrapolate.main(argv)
+    message = str(e.value)
+    assert message.startswith("extrapolate.py: error: ") and "\n" not in message
+    return message
+
+
+def test_bad_input_is_a_one_line_error(rope_run, dataset, tmp_path):
+    assert "no checkpoint at" in error_of([str(tmp_path / "nope")])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert "is corrupted or not a ropelab checkpoint" in error_of([str(tmp_path / "bad")])
+    assert "unknown --methods rope2; allowed: none, pi, ntk, dynamic-ntk, yarn" in error_of([str(rope_run), "--methods", "pi,rope2"])
+    assert "--factor must be >= 1, got 0.5" in error_of([str(rope_run), "--factor", "0.5"])
+    assert "length 32000 (windows of 32001 tokens): no window" in error_of([str(rope_run), "--lengths", "1,1000"])
+    assert "unknown --dynamic_modes exact" in error_of([str(rope_run), "--dynamic_modes", "exact"])
+
+
+def test_data_missing_or_of_another_vocabulary_is_a_one_line_error(rope_run, dataset, tmp_path):
+    ckpt = torch.load(rope_run / "ckpt.pt", weights_only=True)
+    data = Path(shutil.copytree(dataset, tmp_path / "other"))
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "vocab_size": 1024}))
+    for name, dataset_dir in (("mismatch", data), ("nodata", tmp_path / "gone")):
+        torch.save({**ckpt, "config": {**ckpt["config"], "dataset": str(dataset_dir)}}, tmp_path / f"{name}.pt")
+    assert "has vocab_size 1024 but checkpoint" in error_of([str(tmp_path / "mismatch.pt")])
+    assert "no prepared data" in error_of([str(tmp_path / "nodata.pt")])
+
+
+def test_cli_exits_nonzero_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(tmp_path / "nope")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f"extrapolate.py: error: no checkpoint at {tmp_path / 'nope'}; "
+                                                "train one first: python train.py configs/rope_small.py"]
+
+
+def test_outputs_csv_png_and_table(report, rope_run, tmp_path):
+    out = tmp_path / "o"
+    run(rope_run, out, "--lengths", "1,2", "--methods", "none,dynamic-ntk", "--dynamic_modes", "causal")
+    csv_rows = (out / "extrapolation.csv").read_text().splitlines()
+    assert csv_rows[0] == ",".join(extrapolate.CSV_FIELDS) and len(csv_rows) == 1 + 4
+    assert (out / "extrapolation.png").stat().st_size > 10_000
+    assert "dynamic-ntk (causal)" in extrapolate.table(report) and "2x=64" in extrapolate.table(report)
+
+
+def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
+    run(learned_run, learned_run, "--lengths", "1,2,4")
+    rope_dir = tmp_path / "rope"
+    rope_dir.mkdir()
+    (rope_dir / "extrapolation.json").write_text(json.dumps(report))
+    capsys.readouterr()
+    compare.main([str(rope_dir), str(learned_run), "--out", str(tmp_path / "cmp")])
+    md = (tmp_path / "cmp.md").read_text()
+    assert md == capsys.readouterr().out.split("-> ")[0]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == ["rope / none", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
+                    "rope / dynamic-ntk (causal)", "rope / yarn", "learned / none"]
+    assert "| learned / none | " in md and md.count("n/a") == 2  # learned at 2x and 4x
+    assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path / "nothing")])
+    assert str(e.value) == (f"compare.py: error: no {tmp_path / 'nothing' / 'extrapolation.json'}; "
+                            f"evaluate the run first: python eval/extrapolate.py {tmp_path / 'nothing'}")
