@@ -72,9 +72,11 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, layout):
     frequencies for length t+1). Done in chunks of queries so the re-rotated keys stay small."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
-    chunk = max(1, (1 << 22) // (B * H * T * D))
+    chunk = max(1, (1 << 22) // (B * H * T * D))  # ~16 MB of re-rotated keys: larger chunks measured slower on a CPU
     out = []
-    for s in range(0, T, chunk):
+    # last chunk first: the re-rotated keys then shrink from chunk to chunk, so the allocator reuses
+    # the freed memory (growing sizes fragmented glibc's heap to 6.8 GB at T = 4096, 1.3 GB at 2048)
+    for s in reversed(range(0, T, chunk)):
         e = min(s + chunk, T)
         cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor)  # (C, e, D/2): a table per query
         keys = apply_rope(k[:, :, None, :e], cos, sin, layout)  # (B, H, C, e, D)
@@ -83,7 +85,7 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, layout):
         att = torch.einsum("bhcd,bhced->bhce", query, keys) / math.sqrt(D)
         att = att.masked_fill(pos[:e][None, :] > pos[s:e][:, None], float("-inf")).softmax(dim=-1)
         out.append(att.to(v.dtype) @ v[:, :, :e])
-    return torch.cat(out, dim=2)
+    return torch.cat(out[::-1], dim=2)
 
 
 class CausalSelfAttention(nn.Module):

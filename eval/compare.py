@@ -5,7 +5,7 @@ Compare runs evaluated by eval/extrapolate.py: one figure and one markdown table
         [--metric ppl|ppl_beyond_train]
 
 Writes PREFIX.png (the metric against eval length, log2 x-axis, one line per run / method (mode))
-and PREFIX.md (ppl at each eval length, "n/a" where not available), and prints the table.
+and PREFIX.md (the metric at each eval length, "n/a" where not available), and prints the table.
 """
 import sys
 from pathlib import Path
@@ -44,7 +44,7 @@ def lines(reports):
     return rows
 
 
-def markdown(reports):
+def markdown(reports, metric):
     rows = lines(reports)
     multiples = sorted({m for cells in rows.values() for m in cells})
     train_lens = {rep["train_len"] for rep in reports}
@@ -52,8 +52,8 @@ def markdown(reports):
     head = [f"{m:g}x" + (f" ({round(m * next(iter(train_lens)))})" if len(train_lens) == 1 else "") for m in multiples]
     out = ["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head)]
     for name, cells in rows.items():
-        out.append(f"| {name} | " + " | ".join(fmt(cells[m]["ppl"]) if m in cells else "" for m in multiples) + " |")
-    return "perplexity by eval length (multiples of the training length)\n\n" + "\n".join(out) + "\n"
+        out.append(f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in multiples) + " |")
+    return f"{metric.replace('_', ' ')} by eval length (multiples of the training length)\n\n" + "\n".join(out) + "\n"
 
 
 def plot(reports, metric, path):
@@ -82,7 +82,7 @@ def compare(run_dirs, prefix, metric):
     reports = [load_report(d) for d in run_dirs]
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    table = markdown(reports)
+    table = markdown(reports, metric)
     Path(f"{prefix}.md").write_text(table)
     plot(reports, metric, f"{prefix}.png")
     print(table + f"-> {prefix}.md, {prefix}.png")

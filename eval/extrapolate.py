@@ -2,7 +2,7 @@
 Loss by token position at and past the training length, with RoPE scaling applied at inference.
 
     python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,pi,ntk,dynamic-ntk,yarn]
-        [--factor auto|S] [--dynamic_factor A] [--dynamic_modes sequence,causal] [--n_windows N] [--seed 0]
+        [--factor auto|S] [--dynamic_factor A] [--dynamic_modes sequence,causal] [--n_windows auto|N] [--seed 0]
         [--device auto|cpu|cuda] [--out DIR] [--wandb_log true|false | --no-wandb]
 
 Writes extrapolation.json (everything, incl. the per-position curves), extrapolation.csv (one summary row
@@ -32,12 +32,13 @@ from eval.score import load_run, score_windows  # noqa: E402
 
 METHODS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
 DYNAMIC_MODES = ("sequence", "causal")
-CSV_FIELDS = ("method", "mode", "eval_len", "factor", "loss", "ppl", "loss_beyond_train", "stderr", "n_windows", "available")
-# by measurement on configs/rope_small.py (4 layers, 128 wide, trained at 256) on a shared 2-core CPU: the
-# default grid took 12 min with 4 windows, 94% of it in the exact causal dynamic mode at 16x (~150 s per
-# 4096-token window, O(T^2) key re-rotation); every other entry together ~10 s per window. Fewer than 4
-# windows leave no meaningful spread; more: pass --n_windows (or --dynamic_modes sequence to go fast)
-DEFAULT_N_WINDOWS = 4
+CSV_FIELDS = ("method", "mode", "eval_len", "factor", "loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr",
+              "n_windows", "available", "reason")
+# --n_windows auto: the same number of tokens at every length, that of 4 windows of the longest one
+# (64 windows at 1x ... 4 at 16x). By measurement on rope_small on the 2-core CPU the default grid takes
+# 95 s, 76 s of it in the exact causal dynamic mode (10 s per 4096-token window: O(T^2) key re-rotation);
+# every other method ~0.25 s per 4096-token window. Fewer than 4 windows leave no meaningful spread
+WINDOWS_AT_LONGEST = 4
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -64,7 +65,8 @@ def parse_args(argv):
     p.add_argument("--factor", default="auto", help="auto: eval_len / train_len at each length; or one number >= 1 for all")
     p.add_argument("--dynamic_factor", default="1", help="dynamic-ntk's extra NTK multiplier a (transformers' factor; 1 = plain)")
     p.add_argument("--dynamic_modes", default=",".join(DYNAMIC_MODES), help="sequence (one forward, transformers) and/or causal (exact)")
-    p.add_argument("--n_windows", default=str(DEFAULT_N_WINDOWS), help=f"windows per length (default {DEFAULT_N_WINDOWS})")
+    p.add_argument("--n_windows", default="auto", help=f"windows per length, or auto: as many tokens at every length "
+                   f"as {WINDOWS_AT_LONGEST} windows of the longest (default auto)")
     p.add_argument("--seed", default="0", help="seed of the window choice (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -83,7 +85,7 @@ def parse_args(argv):
         raise ValueError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
     args["factor"] = None if a.factor == "auto" else number(a.factor, "factor", float, 1)
     args["dynamic_factor"] = number(a.dynamic_factor, "dynamic_factor", float, 1)
-    args["n_windows"] = number(a.n_windows, "n_windows", int, 1)
+    args["n_windows"] = None if a.n_windows == "auto" else number(a.n_windows, "n_windows", int, 1)
     args["seed"] = number(a.seed, "seed", int, 0)
     if args["device"].split(":")[0] not in ("cpu", "cuda", "mps"):
         raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N")
@@ -158,7 +160,8 @@ def evaluate(model, tokens, starts, train_len, method, mode, eval_len, factor, s
 
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
-    windows = {T: choose_windows(docs, T, args["n_windows"], args["seed"]) for T in eval_lens}  # once per length
+    n_windows = {T: args["n_windows"] or WINDOWS_AT_LONGEST * max(eval_lens) // T for T in eval_lens}
+    windows = {T: choose_windows(docs, T, n_windows[T], args["seed"]) for T in eval_lens}  # once per length
     results = []
     for method, mode, T in tqdm(grid(args["methods"], args["dynamic_modes"], eval_lens), desc="extrapolate", unit="eval"):
         # auto: the factor that maps this length back onto the training length (never below 1)
@@ -205,8 +208,8 @@ def write_csv(report, path):
 
 
 def binned(curve, eval_len):
-    """(bin centres, mean loss per bin, bin size): whole bins of ~1% of the length, as the raw curve is too noisy to read."""
-    size = max(1, eval_len // 100)
+    """(bin centres, mean loss per bin, bin size): whole bins of ~2% of the length, as the raw curve is too noisy to read."""
+    size = max(1, eval_len // 50)
     n = len(curve) // size * size
     y = np.asarray(curve[:n]).reshape(-1, size).mean(axis=1)
     return np.arange(len(y)) * size + (size - 1) / 2, y, size
@@ -280,7 +283,7 @@ def extrapolate(args):
     results, windows = run_grid(model, tokens, docs, args, train_len)
     report = dict(train_len=train_len, pos_emb=pos_emb,
                   run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
-                  checkpoint_iter=ckpt["iter_num"], n_windows_requested=args["n_windows"], seed=args["seed"],
+                  checkpoint_iter=ckpt["iter_num"], n_windows_requested=args["n_windows"] or "auto", seed=args["seed"],
                   dataset=str(data_dir), seconds=round(time.time() - t0, 1), windows=windows, results=results)
     out = args["out"]
     out.mkdir(parents=True, exist_ok=True)

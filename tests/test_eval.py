@@ -12,27 +12,15 @@ from torch.nn import functional as F
 
 import train
 from data.prepare import load_split
-from data.text.prepare import prepare
 from eval import compare, extrapolate
 from eval.score import load_run, score_windows
 from model import KVCache
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the king queen lord doth thou art my good sir love night day come go speak hath not".split()
 L = 32  # training length of the tiny runs
 ENTRY_FIELDS = ("method", "mode", "eval_len", "factor", "rope_scaling", "loss", "ppl", "loss_beyond_train",
                 "ppl_beyond_train", "loss_by_position", "stderr", "n_windows", "available", "reason")
 LOSS_FIELDS = ("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "loss_by_position", "stderr")
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    # 6 documents -> 1 held-out document of ~6.8k tokens: enough windows up to 16x = 512 tokens
-    folder = tmp_path_factory.mktemp("texts")
-    rng = np.random.default_rng(0)
-    for i in range(6):
-        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, 3000)))
-    return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
 
 
 def trained(tmp_path_factory, dataset, name, **kw):
@@ -118,6 +106,12 @@ def test_scaling_changes_the_loss_past_the_training_length(report):
         assert abs(by(report, method, mode)[4 * L]["loss"] - by(report, "none")[4 * L]["loss"]) > 1e-4, method
 
 
+def test_plain_dynamic_ntk_over_a_whole_window_is_ntk_at_the_length_ratio(report):
+    # a = 1: base * (T/L)^(d/(d-2)) for a window of length T, which is NTK-aware with the auto factor T/L
+    for T, r in by(report, "dynamic-ntk", "sequence").items():
+        assert r["loss_by_position"] == pytest.approx(by(report, "ntk")[T]["loss_by_position"], abs=1e-6), T
+
+
 def test_the_json_has_every_field_for_every_entry(report):
     assert {"train_len", "pos_emb", "run", "checkpoint_iter", "n_windows_requested", "seed", "results"} <= set(report)
     assert (report["train_len"], report["pos_emb"], report["run"], report["n_windows_requested"]) == (L, "rope", "rope", 4)
@@ -143,6 +137,13 @@ def test_windows_stay_inside_one_held_out_document(rope_run, report, tmp_path):
     # fewer windows than asked: use what exists and say how many
     n = by(far, "none")[16 * L]["n_windows"]
     assert n == len(far["windows"][str(16 * L)]) == ((docs[:, 1] - docs[:, 0]) // (16 * L + 1)).sum() < 100
+
+
+def test_auto_windows_give_every_length_the_same_number_of_tokens(rope_run, tmp_path):
+    extrapolate.main([str(rope_run), "--out", str(tmp_path), "--lengths", "1,2,4", "--methods", "none", "--no-wandb"])
+    rep = json.loads((tmp_path / "extrapolation.json").read_text())
+    assert rep["n_windows_requested"] == "auto"
+    assert [(r["eval_len"], r["n_windows"]) for r in rep["results"]] == [(L, 16), (2 * L, 8), (4 * L, 4)]
 
 
 def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):

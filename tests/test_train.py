@@ -4,24 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import train
-from data.text.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the king queen lord doth thou art my good sir love night day come go speak hath not".split()
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("texts")
-    rng = np.random.default_rng(0)
-    for i in range(6):
-        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, 3000)))
-    return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
 
 
 def args(dataset, out_dir, **kw):

@@ -1,0 +1,18 @@
+"""Fixtures shared by the test files."""
+import numpy as np
+import pytest
+
+from data.text.prepare import prepare
+
+WORDS = "the king queen lord doth thou art my good sir love night day come go speak hath not".split()
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+    """A tiny prepared corpus: 6 documents of random words -> 1 held-out document of ~6.8k tokens,
+    enough for evaluation windows up to 16x a training length of 32."""
+    folder = tmp_path_factory.mktemp("texts")
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, 3000)))
+    return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
