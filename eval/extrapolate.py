@@ -108,16 +108,14 @@ def number(text, name, convert, minimum):
 
 # ----------------------------------------------------------------------------- the grid
 
-def rope_scaling(method, factor, dynamic_factor, train_len):
-    """The Hugging Face style dict for a CLI method name (DESIGN.md, RoPE conventions)."""
-    if method == "none":
-        return None
+def rope_scaling(method, factor, train_len):
+    """The Hugging Face style dict for a CLI method name other than none (DESIGN.md, RoPE conventions)."""
     if method == "pi":
         return {"rope_type": "linear", "factor": factor}
     if method == "ntk":
         return {"rope_type": "ntk", "factor": factor}
     if method == "dynamic-ntk":  # factor is transformers' extra multiplier a, not the length ratio
-        return {"rope_type": "dynamic", "factor": dynamic_factor, "original_max_position_embeddings": train_len}
+        return {"rope_type": "dynamic", "factor": factor, "original_max_position_embeddings": train_len}
     return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_len}
 
 
@@ -162,15 +160,16 @@ def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
     n_windows = {T: args["n_windows"] or WINDOWS_AT_LONGEST * max(eval_lens) // T for T in eval_lens}
     windows = {T: choose_windows(docs, T, n_windows[T], args["seed"]) for T in eval_lens}  # once per length
+    trained = model.config.rope_scaling  # `none` is the model as trained; the methods replace this
     results = []
     for method, mode, T in tqdm(grid(args["methods"], args["dynamic_modes"], eval_lens), desc="extrapolate", unit="eval"):
-        # auto: the factor that maps this length back onto the training length (never below 1)
-        factor = args["factor"] if args["factor"] is not None else max(1.0, T / train_len)
-        if method == "dynamic-ntk":
-            factor = args["dynamic_factor"]
-        scaling = rope_scaling(method, factor, args["dynamic_factor"], train_len)
+        if method == "none":
+            factor, scaling = None, trained
+        else:  # auto: the factor that maps this length back onto the training length (never below 1)
+            factor = args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"] or max(1.0, T / train_len)
+            scaling = rope_scaling(method, factor, train_len)
         results.append(evaluate(model, tokens, windows[T], train_len, method, mode, T, factor, scaling))
-    model.config.rope_scaling = None
+    model.config.rope_scaling = trained
     return results, {str(T): [int(s) for s in w] for T, w in windows.items()}
 
 
@@ -275,6 +274,9 @@ def extrapolate(args):
         if other:
             print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(other)}) do not apply; evaluating with none only")
         args = dict(args, methods=["none"])
+    if model.config.rope_scaling:
+        print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
+              f"the other methods replace it")
     if "dynamic-ntk" in args["methods"]:
         print(f"dynamic-ntk: factor a = {args['dynamic_factor']:g} (transformers' extra NTK multiplier, not the "
               f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])}")

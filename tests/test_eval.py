@@ -165,6 +165,18 @@ def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
     assert causal[:L] == pytest.approx(score_windows(model, tokens, [start], L)[0], abs=1e-5)
 
 
+def test_none_evaluates_a_run_trained_with_a_scaling_as_trained(tmp_path_factory, dataset, tmp_path):
+    trained_with = {"rope_type": "linear", "factor": 2.0}
+    run_dir = trained(tmp_path_factory, dataset, "pi2", rope_scaling=trained_with)
+    rep = run(run_dir, tmp_path, "--lengths", "1,2", "--methods", "none,pi")
+    none, pi = by(rep, "none"), by(rep, "pi")
+    assert none[L]["rope_scaling"] == trained_with and none[L]["factor"] is None
+    assert pi[2 * L]["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    # PI at 2x replaces the trained factor 2 with the same factor 2: the same numbers as none
+    assert pi[2 * L]["loss_by_position"] == pytest.approx(none[2 * L]["loss_by_position"], abs=1e-6)
+    assert pi[L]["loss"] != pytest.approx(none[L]["loss"], abs=1e-6)  # factor 1 undoes the trained scaling
+
+
 def test_a_learned_table_is_not_available_past_its_size(learned_run, tmp_path, capsys):
     rep = run(learned_run, tmp_path, "--lengths", "1,2", "--methods", "none,pi,yarn")
     assert "RoPE methods (pi, yarn) do not apply; evaluating with none only" in capsys.readouterr().out
