@@ -44,15 +44,18 @@ def lines(reports):
     return rows
 
 
+def multiples(rows):
+    return sorted({m for cells in rows.values() for m in cells})
+
+
 def markdown(reports, metric):
     rows = lines(reports)
-    multiples = sorted({m for cells in rows.values() for m in cells})
     train_lens = {rep["train_len"] for rep in reports}
     # with one training length the columns can name the token count too
-    head = [f"{m:g}x" + (f" ({round(m * next(iter(train_lens)))})" if len(train_lens) == 1 else "") for m in multiples]
+    head = [f"{m:g}x" + (f" ({round(m * next(iter(train_lens)))})" if len(train_lens) == 1 else "") for m in multiples(rows)]
     out = ["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head)]
     for name, cells in rows.items():
-        out.append(f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in multiples) + " |")
+        out.append(f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in multiples(rows)) + " |")
     return f"{metric.replace('_', ' ')} by eval length (multiples of the training length)\n\n" + "\n".join(out) + "\n"
 
 
@@ -61,13 +64,13 @@ def plot(reports, metric, path):
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, cells in lines(reports).items():
+    rows = lines(reports)
+    for name, cells in rows.items():
         points = sorted((m, r[metric]) for m, r in cells.items() if r[metric] is not None)
         if points:
             ax.plot(*zip(*points), marker="o", lw=1.2, label=name)
     ax.set_xscale("log", base=2)
-    multiples = sorted({m for cells in lines(reports).values() for m in cells})
-    ax.set_xticks(multiples, [f"{m:g}x" for m in multiples])
+    ax.set_xticks(multiples(rows), [f"{m:g}x" for m in multiples(rows)])
     ax.minorticks_off()
     ax.set_yscale("log")
     ax.set(xlabel="eval length / training length", ylabel=metric.replace("_", " "),

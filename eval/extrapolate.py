@@ -206,12 +206,17 @@ def write_csv(report, path):
             w.writerow({k: "" if r[k] is None else r[k] for k in CSV_FIELDS})
 
 
+def bin_size(eval_len):
+    # bins of ~2% of the length: the raw per-position curve is too noisy to read
+    return max(1, eval_len // 50)
+
+
 def binned(curve, eval_len):
-    """(bin centres, mean loss per bin, bin size): whole bins of ~2% of the length, as the raw curve is too noisy to read."""
-    size = max(1, eval_len // 50)
+    """(bin centres, mean loss per bin) over whole bins of bin_size(eval_len) positions."""
+    size = bin_size(eval_len)
     n = len(curve) // size * size
     y = np.asarray(curve[:n]).reshape(-1, size).mean(axis=1)
-    return np.arange(len(y)) * size + (size - 1) / 2, y, size
+    return np.arange(len(y)) * size + (size - 1) / 2, y
 
 
 def plot(report, path):
@@ -227,19 +232,18 @@ def plot(report, path):
     for ax in axes.flat[len(lens):]:
         ax.axis("off")
     for ax, T in zip(axes.flat, lens):
-        size = binned([], T)[2]
         for r in (r for r in report["results"] if r["eval_len"] == T):
             if not r["available"]:
                 ax.plot([], [], " ", label=f"{label(r)}: n/a ({r['reason'].split(';')[0]})")
                 continue
-            x, y, _ = binned(r["loss_by_position"], T)
+            x, y = binned(r["loss_by_position"], T)
             beyond = r["ppl_beyond_train"]
             ax.plot(x, y, lw=1.2, label=f"{label(r)}: ppl {fmt(r['ppl'])}" + (f", beyond {fmt(beyond)}" if beyond else ""))
         ax.axvline(L, color="k", ls="--", lw=1)
         ax.text(L, 1.0, " train length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
         n = min(r["n_windows"] for r in report["results"] if r["eval_len"] == T)
         ax.set(title=f"eval length {T} ({T / L:g}x), {n} windows", xlabel="token position in window",
-               ylabel=f"NLL (mean over windows and bins of {size} positions)")
+               ylabel=f"NLL (mean over windows and bins of {bin_size(T)} positions)")
         ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below: keep the curves visible
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']})")
     fig.tight_layout()
@@ -255,10 +259,10 @@ def log_wandb(report, ckpt, png):
     for T in sorted({r["eval_len"] for r in report["results"]}):
         curves = [r for r in report["results"] if r["eval_len"] == T and r["available"]]
         if curves:
-            x, _, size = binned(curves[0]["loss_by_position"], T)
+            x = binned(curves[0]["loss_by_position"], T)[0]
             run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
                 xs=x.tolist(), ys=[binned(r["loss_by_position"], T)[1].tolist() for r in curves],
-                keys=[label(r) for r in curves], title=f"NLL by position, eval length {T} (bins of {size})",
+                keys=[label(r) for r in curves], title=f"NLL by position, eval length {T} (bins of {bin_size(T)})",
                 xname="position")})
     run.log({"extrapolation/plot": wandb.Image(str(png))})
     run.finish()
