@@ -10,18 +10,19 @@ import time
 
 import torch
 
-import train
-from model import GPT, GPTConfig
+from model import GPT
+from runtime import autocast, peak_flops, pick_device, run_cli
+from train import load_config, model_config
 
 
 def bench(argv):
     extra = {a.split("=")[0][2:]: int(a.split("=")[1]) for a in argv if a.startswith(("--vocab_size=", "--steps="))}
-    config = train.load_config([a for a in argv if not a.startswith(("--vocab_size=", "--steps="))])
+    config = load_config([a for a in argv if not a.startswith(("--vocab_size=", "--steps="))])
     vocab_size, steps = extra.get("vocab_size", 2048), extra.get("steps", 20)
-    device = train.pick_device(config["device"])
+    device = pick_device(config["device"])
     device_type = device.split(":")[0]
-    dtype, ctx = train.autocast(config["dtype"], device_type)
-    model = GPT(GPTConfig(vocab_size=vocab_size, **{k: config[k] for k in train.MODEL_KEYS})).to(device)
+    dtype, ctx = autocast(config["dtype"], device_type)
+    model = GPT(model_config(config, vocab_size)).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     step_model = torch.compile(model) if config["compile"] else model
     B, T = config["batch_size"], config["block_size"]
@@ -43,7 +44,7 @@ def bench(argv):
         step()
     tok_s = B * T * steps / (time.time() - t0)
     flops = model.flops_per_token(T) * tok_s
-    peak = train.peak_flops(device_type)
+    peak = peak_flops(device_type)
     memory = (torch.cuda.max_memory_allocated() / 2**20 if device_type == "cuda"
               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10)
     print(f"{model.num_params() / 1e6:.2f}M params, vocab {vocab_size}, batch {B}x{T}, {device}, {dtype}, "
@@ -53,7 +54,4 @@ def bench(argv):
 
 
 if __name__ == "__main__":
-    try:
-        bench(sys.argv[1:])
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"bench.py: error: {e}")
+    run_cli("bench.py", bench, sys.argv[1:])

@@ -5,7 +5,7 @@ nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -30,6 +30,11 @@ class GPTConfig:
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
 
     def __post_init__(self):
+        small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
+        if small:
+            raise ValueError(f"{', '.join(small)}: model sizes must be >= 1")
+        if not 0 <= self.dropout < 1 or self.rope_base <= 1:
+            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1) and rope_base={self.rope_base!r} above 1")
         if self.pos_emb not in POS_EMBS:
             raise ValueError(f"unknown pos_emb {self.pos_emb!r}; allowed: {', '.join(POS_EMBS)}")
         if self.rope_layout not in LAYOUTS:
@@ -38,11 +43,21 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"RoPE needs an even head dimension, got n_embd/n_head = {self.n_embd // self.n_head}")
-        check_scaling(self.full_rope_scaling())
+        self.full_rope_scaling()  # validates it
 
-    def full_rope_scaling(self):
-        # like transformers, the original length defaults to the model's own context length
-        return self.rope_scaling and {"original_max_position_embeddings": self.block_size, **self.rope_scaling}
+    def full_rope_scaling(self, scaling=None):
+        """`scaling` (default: the trained rope_scaling) with the original length defaulting to the model's
+        own context length, as transformers does."""
+        scaling = scaling or self.rope_scaling
+        if isinstance(scaling, dict):
+            scaling = {"original_max_position_embeddings": self.block_size, **scaling}
+        check_scaling(scaling)  # also rejects what is not a dict
+        return scaling
+
+
+class Rotary(NamedTuple):
+    inv_freq: torch.Tensor  # [1 or T queries, head_dim / 2]
+    attention_factor: float  # multiplies cos and sin (YaRN's temperature)
 
 
 class KVCache:
@@ -67,15 +82,31 @@ def sinusoidal_embedding(positions, dim):
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
-def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, layout):
-    """Exact causal dynamic scaling: query t and every key it sees are rotated with inv_freq[t] (the
-    frequencies for length t+1). Done in chunks of queries so the re-rotated keys stay small."""
+def visible(T, Tk, window, device):
+    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) attend to key j: causal,
+    and within the last `window` positions when a window is set (the crop baseline)."""
+    q = torch.arange(Tk - T, Tk, device=device)[:, None]
+    k = torch.arange(Tk, device=device)
+    return (k <= q) & (k > q - window) if window else k <= q
+
+
+def logn_scale(positions, train_len):
+    # log-n scaling (Su 2023): a query that sees n > L tokens gets its logits scaled by log(n) / log(L),
+    # exactly 1 up to L, so attention entropy stays near what training saw
+    n = (positions + 1).double()
+    return (n.log() / math.log(train_len)).clamp(min=1).float()
+
+
+def per_query_rope_attention(q, k, v, inv_freq, attention_factor, mask, layout):
+    """Attention where query t and every key it sees are rotated with its own frequencies inv_freq[t]
+    (exact causal dynamic scaling: the frequencies for length t+1). Chunks of queries keep the
+    re-rotated keys small."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
-    chunk = max(1, (1 << 22) // (B * H * T * D))  # ~16 MB of re-rotated keys: larger chunks measured slower on a CPU
+    chunk = max(1, (1 << 22) // (B * H * T * D))  # ~16 MB of re-rotated keys; larger chunks were slower on a CPU
     out = []
-    # last chunk first: the re-rotated keys then shrink from chunk to chunk, so the allocator reuses
-    # the freed memory (growing sizes fragmented glibc's heap to 6.8 GB at T = 4096, 1.3 GB at 2048)
+    # last chunk first: the re-rotated keys then shrink from chunk to chunk and the allocator reuses the
+    # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)
     for s in reversed(range(0, T, chunk)):
         e = min(s + chunk, T)
         cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor)  # (C, e, D/2): a table per query
@@ -83,7 +114,7 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, layout):
         own = (torch.arange(e - s, device=q.device), pos[s:e])  # each query's own position in its table
         query = apply_rope(q[:, :, s:e], cos[own], sin[own], layout)  # (B, H, C, D)
         att = torch.einsum("bhcd,bhced->bhce", query, keys) / math.sqrt(D)
-        att = att.masked_fill(pos[:e][None, :] > pos[s:e][:, None], float("-inf")).softmax(dim=-1)
+        att = att.masked_fill(~mask[s:e, :e], float("-inf")).softmax(dim=-1)
         out.append(att.to(v.dtype) @ v[:, :, :e])
     return torch.cat(out[::-1], dim=2)
 
@@ -98,22 +129,25 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope, cache):
+    def forward(self, x, rope, cache, window, logn_len):
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        Tk = k.size(2)
-        if isinstance(rope, dict):  # exact causal dynamic: frequencies per query
-            y = causal_dynamic_attention(q, k, v, rope["inv_freq"], rope["attention_factor"], self.layout)
+        Tk = k.size(2)  # with a cache the T new queries are the last T of Tk positions
+        if logn_len:
+            q = q * logn_scale(torch.arange(Tk - T, Tk, device=x.device), logn_len)[:, None].to(q.dtype)
+        plain = not window or window >= Tk  # causal attention alone does it, no mask needed
+        if rope is not None and rope.inv_freq.size(0) > 1:
+            y = per_query_rope_attention(q, k, v, rope.inv_freq, rope.attention_factor,
+                                         visible(T, Tk, window, x.device), self.layout)
         else:
             if rope is not None:
-                cos, sin = rope
-                q = apply_rope(q, cos[Tk - T:Tk], sin[Tk - T:Tk], self.layout)
-                k = apply_rope(k, cos[:Tk], sin[:Tk], self.layout)
-            # with a cache the T new queries sit at the end of the Tk keys
-            mask = None if T == Tk or T == 1 else torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=T == Tk and T > 1,
+                cos, sin = rope_cos_sin(rope.inv_freq[0], torch.arange(Tk, device=x.device), rope.attention_factor)
+                q = apply_rope(q, cos[Tk - T:], sin[Tk - T:], self.layout)
+                k = apply_rope(k, cos, sin, self.layout)
+            mask = None if plain and (T == Tk or T == 1) else visible(T, Tk, window, x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -140,8 +174,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, cache):
-        x = x + self.attn(self.ln_1(x), rope, cache)
+    def forward(self, x, rope, cache, window, logn_len):
+        x = x + self.attn(self.ln_1(x), rope, cache, window, logn_len)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -173,21 +207,22 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def rope_tables(self, seq_len, device, causal_dynamic=False):
-        """cos/sin for positions [0, seq_len) under config.rope_scaling (computed once per forward, shared
-        by all layers). causal_dynamic: instead, (inv_freq for each length t+1, attention factor)."""
+    def rotary(self, seq_len, scaling, causal_dynamic, device):
+        """The RoPE frequencies for one forward over positions [0, seq_len), shared by all layers: one row
+        [1, head_dim/2] used by every query, or with causal_dynamic one row per query, row t being the
+        frequencies for length t + 1 (exact causal dynamic scaling)."""
         cfg = self.config
-        scaling = cfg.full_rope_scaling()
-        head_dim = cfg.n_embd // cfg.n_head
-        if causal_dynamic:
-            freqs = [rope_frequencies(head_dim, cfg.rope_base, scaling, seq_len=t + 1) for t in range(seq_len)]
-            return {"inv_freq": torch.stack([f for f, _ in freqs]).to(device), "attention_factor": freqs[-1][1]}
-        inv_freq, attention_factor = rope_frequencies(head_dim, cfg.rope_base, scaling, seq_len=seq_len)
-        return rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention_factor)
+        scaling = cfg.full_rope_scaling(scaling)
+        lengths = range(1, seq_len + 1) if causal_dynamic else [seq_len]
+        freqs = [rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, scaling, seq_len=n) for n in lengths]
+        return Rotary(torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1])
 
-    def forward(self, idx, targets=None, cache=None, causal_dynamic=False):
+    def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, logn_len=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given).
-        cache: a KVCache, continued in place. causal_dynamic: exact per-position dynamic RoPE scaling."""
+        cache: a KVCache, continued in place. How positions are treated at inference, for this call only:
+        rope_scaling: a rope_scaling dict replacing the one the model was trained with (None: as trained);
+        causal_dynamic: exact per-position dynamic scaling; window: attend to at most the last `window`
+        positions (the crop baseline); logn_len: log-n attention scaling past this length."""
         B, T = idx.size()
         if causal_dynamic and cache is not None:
             raise ValueError("causal_dynamic is for a full forward; a KV cache is already causal")
@@ -203,10 +238,10 @@ class GPT(nn.Module):
                 raise ValueError(f"learned position table has {self.config.block_size} entries; "
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
-        rope = self.rope_tables(start + T, idx.device, causal_dynamic) if self.config.pos_emb == "rope" else None
+        rope = self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope" else None
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, rope, cache)
+            x = block(x, rope, cache, window, logn_len)
         if cache is not None:
             cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -241,32 +276,3 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
             logits, _ = self(idx_next, cache=cache)
         return idx
-
-
-CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
-
-
-def load_checkpoint(path, device="cpu"):
-    """Read a ckpt.pt written by train.py. Missing, unreadable or incomplete: a one-line ValueError."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "ckpt.pt"
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        raise ValueError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {e})") from None
-    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise ValueError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
-    return ckpt
-
-
-def model_from_checkpoint(ckpt):
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise ValueError(f"checkpoint weights do not match its model config: {str(e).splitlines()[0]}") from None
-    return model

@@ -9,12 +9,10 @@ An unknown key, a wrong type or an invalid choice is a one-line error.
 """
 import ast
 import math
-import netrc
 import os
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +20,13 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.prepare import get_batch, load_meta, load_split
-from model import GPT, POS_EMBS, GPTConfig, load_checkpoint, model_from_checkpoint
-from rope import LAYOUTS
+from data.dataset import get_batch, load_meta, load_split
+from model import GPT, GPTConfig
+from runtime import (autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device,
+                     run_cli, save_checkpoint)
+
+# the model's keys are GPTConfig's fields (model.py validates them); vocab_size comes from the data
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 
 DEFAULTS = dict(
     # I/O
@@ -37,20 +39,14 @@ DEFAULTS = dict(
     wandb_log=True,
     wandb_project="ropelab",
     wandb_run_name="",  # default: the name of out_dir
+    wandb_group="",  # default: the run name (a study puts all its runs in one group)
     # data: data/<dataset>/ written by data/<dataset>/prepare.py (or an absolute path to such a folder)
     dataset="shakespeare",
     batch_size=16,
-    block_size=256,  # the training length
     gradient_accumulation_steps=1,  # per process
-    # model
-    n_layer=4,
-    n_head=4,
-    n_embd=128,
-    dropout=0.0,
-    pos_emb="rope",  # learned | sinusoidal | rope | none
-    rope_base=10000.0,
-    rope_layout="half",  # half (GPT-NeoX, HF LLaMA) | interleaved (GPT-J, Meta LLaMA)
-    rope_scaling=None,  # Hugging Face style dict, to train with a scaling already applied
+    # model: block_size (the training length), n_layer, n_head, n_embd, dropout, pos_emb, rope_base,
+    # rope_layout, rope_scaling, with GPTConfig's defaults (model.py)
+    **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},
     # AdamW, linear warmup then cosine decay to min_lr
     learning_rate=2e-3,
     max_iters=1500,
@@ -67,22 +63,21 @@ DEFAULTS = dict(
     compile=False,  # torch.compile the model
     seed=1337,
 )
-CHOICES = dict(init_from=("scratch", "resume"), pos_emb=POS_EMBS, rope_layout=LAYOUTS,
-               dtype=("auto", "float32", "bfloat16", "float16"))
-MODEL_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "pos_emb", "rope_base", "rope_layout", "rope_scaling")
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
+CHOICES = dict(init_from=("scratch", "resume"), dtype=("auto", "float32", "bfloat16", "float16"))
+POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval")
 
 
 # ----------------------------------------------------------------------------- config
 
 def set_key(config, key, value, source):
     if key not in DEFAULTS:
-        raise ValueError(f"unknown config key {key!r} (from {source}); the keys are listed in DEFAULTS in train.py")
+        raise ValueError(f"unknown config key {key!r} (from {source}); the keys are "
+                         "DEFAULTS in train.py and GPTConfig's fields in model.py")
     default = DEFAULTS[key]
-    ok = (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)
-          or (key == "rope_scaling" and value is None))
-    if not ok:
+    if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)):
         raise ValueError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
+    if type(default) in (int, float) and not value >= (1 if key in POSITIVE else 0):  # `not >=` also catches nan
+        raise ValueError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
     if key in CHOICES and value not in CHOICES[key]:
         raise ValueError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
     if key == "device" and value.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
@@ -107,27 +102,21 @@ def load_config(argv):
             if not Path(arg).is_file():
                 raise FileNotFoundError(f"config file {arg} not found (see configs/)")
             namespace = {}
-            exec(compile(Path(arg).read_text(), arg, "exec"), namespace)
+            try:
+                exec(compile(Path(arg).read_text(), arg, "exec"), namespace)
+            except Exception as e:  # whatever a config file raises, it is that file's error
+                raise ValueError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
             for key, value in namespace.items():
                 if not key.startswith("_"):
                     set_key(config, key, value, arg)
     if not config["wandb_run_name"]:
         config["wandb_run_name"] = Path(config["out_dir"]).name
+    model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     return config
 
 
-def init_wandb(config, job_type, group):
-    """A wandb run that never blocks on a login prompt: online when logged in, else offline."""
-    import wandb
-    mode = os.environ.get("WANDB_MODE")
-    if not mode:
-        try:
-            logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
-        except (OSError, netrc.NetrcParseError):
-            logged_in = False
-        mode = "online" if logged_in else "offline"
-    return wandb.init(project=config["wandb_project"], name=f"{group}-{job_type}", group=group,
-                      job_type=job_type, config=config, mode=mode)
+def model_config(config, vocab_size):
+    return GPTConfig(vocab_size=vocab_size, **{k: config[k] for k in MODEL_KEYS})
 
 
 # ----------------------------------------------------------------------------- training
@@ -141,42 +130,11 @@ def lr_at(it, c):
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
-def pick_device(name):
-    if name != "auto":
-        return name
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
-
-
-def data_dir(dataset):
-    return Path(dataset) if Path(dataset).is_absolute() else Path(__file__).resolve().parent / "data" / dataset
-
-
-def autocast(dtype, device_type):
-    """(dtype name, context for the forward pass): mixed precision through autocast, float32 as is."""
-    if dtype == "auto":
-        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    return dtype, nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
-
-
-def peak_flops(device_type):
-    name = torch.cuda.get_device_name() if device_type == "cuda" else ""
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
 def prepare_if_missing(dataset):
     if dataset == "shakespeare" and not (data_dir(dataset) / "meta.json").exists():
         print("no prepared data yet: preparing data/shakespeare (once)")
         from data.shakespeare.prepare import prepare
         prepare()
-
-
-def save_checkpoint(ckpt, path):
-    # write then rename: a crash leaves the previous checkpoint, never half a file
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
 
 
 def resume(config, out_dir, meta, device):
@@ -241,7 +199,7 @@ def train(config):
             rng = np.random.default_rng([config["seed"], rank, iter_num])
         print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
 
-    gptconf = GPTConfig(vocab_size=meta["vocab_size"], **{k: config[k] for k in MODEL_KEYS})
+    gptconf = model_config(config, meta["vocab_size"])
     model = GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt)
     model.to(device)
     optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
@@ -265,7 +223,7 @@ def train(config):
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
               f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
         if config["wandb_log"]:
-            run = init_wandb(config, "train", config["wandb_run_name"])
+            run = init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
 
     def checkpoint():
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -325,10 +283,7 @@ def train(config):
 
 
 def main(argv):
-    try:
-        train(load_config(argv))
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"train.py: error: {e}")
+    run_cli("train.py", lambda: train(load_config(argv)))
 
 
 if __name__ == "__main__":

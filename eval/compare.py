@@ -13,10 +13,10 @@ from pathlib import Path
 # run as `python eval/compare.py` the script's own folder is on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 
-from eval.extrapolate import fmt, label  # noqa: E402
+from eval.report import fmt, label  # noqa: E402
+from runtime import arg_parser, run_cli  # noqa: E402
 
 METRICS = ("ppl", "ppl_beyond_train")
 
@@ -92,21 +92,17 @@ def compare(run_dirs, prefix, metric):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
+    p = arg_parser(__doc__)
     p.add_argument("run_dirs", nargs="+", help="run folders holding extrapolation.json")
     p.add_argument("--out", default="out/compare", help="output prefix (default out/compare)")
     p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
 
-    def fail(message):  # argparse would print usage and the message on two lines: keep bad input one line
-        raise ValueError(message)
-    p.error = fail
-    try:
+    def run():
         a = p.parse_args(argv)
         if a.metric not in METRICS:
             raise ValueError(f"unknown --metric {a.metric!r}; allowed: {', '.join(METRICS)}")
         compare(a.run_dirs, a.out, a.metric)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"compare.py: error: {' '.join(str(e).split())}")  # one line, always
+    run_cli("compare.py", run)
 
 
 if __name__ == "__main__":

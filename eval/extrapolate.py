@@ -7,17 +7,16 @@ Loss by token position at and past the training length, with RoPE scaling applie
 
 Writes extrapolation.json (everything, incl. the per-position curves), extrapolation.csv (one summary row
 per entry) and extrapolation.png into RUN_DIR (or --out), and logs them to wandb if on.
-Method: DESIGN.md, "Evaluation methodology" (held-out documents, the same windows for every method at a
-length, each window scored from position 0).
+Method: docs/methodology.md (held-out documents, the same windows for every method at a length, each
+window scored from position 0).
 """
 import sys
 from pathlib import Path
 
 # run as `python eval/extrapolate.py` the script's own folder is on sys.path, not the repo root
-# where model.py, rope.py, train.py and data/ live
+# where model.py, rope.py, runtime.py and data/ live
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -26,18 +25,17 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-import train  # noqa: E402
-from data.prepare import doc_windows, load_split  # noqa: E402
+from data.dataset import doc_windows, load_split  # noqa: E402
+from eval.report import fmt, label  # noqa: E402
 from eval.score import load_run, score_windows  # noqa: E402
+from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
 METHODS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
 DYNAMIC_MODES = ("sequence", "causal")
 CSV_FIELDS = ("method", "mode", "eval_len", "factor", "loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr",
               "n_windows", "available", "reason")
 # --n_windows auto: the same number of tokens at every length, that of 4 windows of the longest one
-# (64 windows at 1x ... 4 at 16x). By measurement on rope_small on the 2-core CPU the default grid takes
-# 95 s, 76 s of it in the exact causal dynamic mode (10 s per 4096-token window: O(T^2) key re-rotation);
-# every other method ~0.25 s per 4096-token window. Fewer than 4 windows leave no meaningful spread
+# (64 windows at 1x ... 4 at 16x); fewer than 4 windows leave no meaningful spread
 WINDOWS_AT_LONGEST = 4
 
 
@@ -58,7 +56,7 @@ def parse_list(text, name, convert, allowed=None):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
+    p = arg_parser(__doc__)
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
     p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"RoPE scalings (default {','.join(METHODS)})")
@@ -72,12 +70,8 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
     p.add_argument("--wandb_log", default=None, help="true | false (default: the run's own wandb_log)")
     p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="same as --wandb_log false")
-
-    def fail(message):  # argparse would print usage and the message on two lines: keep bad input one line
-        raise ValueError(message)
-    p.error = fail
     a = p.parse_args(argv)
-    args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=train.pick_device(a.device),
+    args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device),
                 methods=parse_list(a.methods, "methods", str, METHODS),
                 dynamic_modes=parse_list(a.dynamic_modes, "dynamic_modes", str, DYNAMIC_MODES),
                 lengths=parse_list(a.lengths, "lengths", float))
@@ -109,7 +103,7 @@ def number(text, name, convert, minimum):
 # ----------------------------------------------------------------------------- the grid
 
 def rope_scaling(method, factor, train_len):
-    """The Hugging Face style dict for a CLI method name other than none (DESIGN.md, RoPE conventions)."""
+    """The Hugging Face style dict for a CLI method name other than none (docs/methodology.md)."""
     if method == "pi":
         return {"rope_type": "linear", "factor": factor}
     if method == "ntk":
@@ -143,16 +137,23 @@ def summarize(nll, train_len):
                 stderr=float(window_means.std(ddof=1) / math.sqrt(n)) if n > 1 else None)
 
 
+def unavailable(model, eval_len):
+    """Why the model cannot be scored at this length, or None."""
+    if model.config.pos_emb == "learned" and eval_len > model.config.block_size:
+        return (f"learned position table has {model.config.block_size} entries; cannot encode position "
+                f"{eval_len - 1} (a learned model cannot extrapolate)")
+    return None
+
+
 def evaluate(model, tokens, starts, train_len, method, mode, eval_len, factor, scaling):
     entry = dict(method=method, mode=mode, eval_len=eval_len, factor=factor, rope_scaling=scaling,
                  n_windows=len(starts))
-    model.config.rope_scaling = scaling  # the forward reads it on every call: no state to reset
     t0 = time.time()
-    try:
-        nll = score_windows(model, tokens, starts, eval_len, causal_dynamic=mode == "causal")
-    except ValueError as e:  # a learned position table past its size: say so, never a made-up number
+    reason = unavailable(model, eval_len)
+    if reason:  # say so, never a made-up number
         empty = dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "loss_by_position", "stderr"))
-        return dict(entry, **empty, available=False, reason=str(e), seconds=round(time.time() - t0, 3))
+        return dict(entry, **empty, available=False, reason=reason, seconds=round(time.time() - t0, 3))
+    nll = score_windows(model, tokens, starts, eval_len, rope_scaling=scaling, causal_dynamic=mode == "causal")
     return dict(entry, **summarize(nll, train_len), available=True, reason=None, seconds=round(time.time() - t0, 3))
 
 
@@ -169,19 +170,10 @@ def run_grid(model, tokens, docs, args, train_len):
             factor = args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"] or max(1.0, T / train_len)
             scaling = rope_scaling(method, factor, train_len)
         results.append(evaluate(model, tokens, windows[T], train_len, method, mode, T, factor, scaling))
-    model.config.rope_scaling = trained
     return results, {str(T): [int(s) for s in w] for T, w in windows.items()}
 
 
 # ----------------------------------------------------------------------------- outputs
-
-def label(r):
-    return r["method"] + (f" ({r['mode']})" if r["mode"] else "")
-
-
-def fmt(x, digits=2):
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
 
 def table(report):
     """Compact text table: rows method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
@@ -253,7 +245,7 @@ def plot(report, path):
 
 def log_wandb(report, ckpt, png):
     import wandb
-    run = train.init_wandb(ckpt["config"], "extrapolate", group=report["run"])
+    run = init_wandb(ckpt["config"], "extrapolate", group=ckpt["config"].get("wandb_group") or report["run"])
     rows = [[r[k] for k in CSV_FIELDS] for r in report["results"]]
     run.log({"extrapolation/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows)})
     for T in sorted({r["eval_len"] for r in report["results"]}):
@@ -305,11 +297,7 @@ def extrapolate(args):
 
 
 def main(argv):
-    try:
-        return extrapolate(parse_args(argv))
-    except (ValueError, FileNotFoundError) as e:
-        # some messages carry newlines (torch.load's unpickling errors): one line, always
-        sys.exit(f"extrapolate.py: error: {' '.join(str(e).split())}")
+    return run_cli("extrapolate.py", lambda: extrapolate(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -7,45 +7,45 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-import train
-from data.prepare import load_meta
-from model import load_checkpoint, model_from_checkpoint
+from data.dataset import load_meta
+from runtime import autocast, data_dir, load_checkpoint, model_from_checkpoint
 
 
 def load_run(run_dir, device="cpu"):
     """(model in eval mode on device, checkpoint dict, the run's dataset dir). Missing or corrupted
     checkpoint, missing data, or data with another vocabulary: a one-line ValueError/FileNotFoundError."""
     ckpt = load_checkpoint(run_dir, device)
-    data_dir = train.data_dir(ckpt["config"]["dataset"])
-    meta = load_meta(data_dir)  # FileNotFoundError with the prepare command if the data is gone
+    folder = data_dir(ckpt["config"]["dataset"])
+    meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
     if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
         # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
-        raise ValueError(f"data {data_dir} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
+        raise ValueError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
                          f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
     model = model_from_checkpoint(ckpt).to(device).eval()
-    return model, ckpt, data_dir
+    return model, ckpt, folder
 
 
 @torch.no_grad()
-def score_windows(model, tokens, starts, length, causal_dynamic=False, tokens_per_batch=16384):
+def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **positions):
     """Per-position NLL [len(starts), length] (float64) of each window: inputs tokens[s:s+length],
     targets tokens[s+1:s+length+1], each window scored on its own from position 0.
     Batches hold at most tokens_per_batch tokens (at least one window), so memory does not grow
-    with the length. causal_dynamic: the model's exact per-position dynamic scaling mode."""
+    with the length. positions: how the model treats positions for this call (GPT.forward's rope_scaling,
+    causal_dynamic, window, logn_len)."""
     if length < 1:
         raise ValueError(f"window length must be >= 1, got {length}")
     starts = np.asarray(starts, dtype=np.int64)
     if len(starts) and (starts.min() < 0 or starts.max() + length + 1 > len(tokens)):
         raise ValueError(f"a window of {length}+1 tokens does not fit in the {len(tokens)} tokens given")
     device = next(model.parameters()).device
-    _, ctx = train.autocast("auto", device.type)  # bf16 on CUDA if supported, float32 on CPU
+    _, ctx = autocast("auto", device.type)  # bf16 on CUDA if supported, float32 on CPU
     batch = max(1, tokens_per_batch // length)
     nll = np.empty((len(starts), length), dtype=np.float64)
     for i in range(0, len(starts), batch):
         rows = torch.from_numpy(np.stack([tokens[s:s + length + 1] for s in starts[i:i + batch]]).astype(np.int64))
         x, y = rows[:, :-1].to(device), rows[:, 1:].to(device)
         with ctx:
-            logits, _ = model(x, causal_dynamic=causal_dynamic)
+            logits, _ = model(x, **positions)
         # per token, in float32 (as the model's own loss), not averaged: positions are the point
         loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
         nll[i:i + len(rows)] = loss.double().cpu().numpy()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.prepare import (doc_windows, get_batch, is_prepared, load_meta, load_split, split_documents,
+from data.dataset import (doc_windows, get_batch, is_prepared, load_meta, load_split, split_documents,
                           write_dataset)
 from data.text.prepare import prepare as prepare_text
 from data.tokenizer import RANKS_PATH, gpt2_tokenizer, load_ranks

@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 import train
-from data.prepare import load_split
+from data.dataset import load_split
 from eval import compare, extrapolate
 from eval.score import load_run, score_windows
 from model import KVCache
@@ -150,18 +150,18 @@ def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
     model, _, data_dir = load_run(rope_run)
     tokens, docs = load_split(data_dir, "val")
     T, start = 3 * L, int(docs[0, 0])
-    model.config.rope_scaling = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
-    causal = score_windows(model, tokens, [start], T, causal_dynamic=True)[0]
-    sequence = score_windows(model, tokens, [start], T)[0]
+    dynamic = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+    causal = score_windows(model, tokens, [start], T, rope_scaling=dynamic, causal_dynamic=True)[0]
+    sequence = score_windows(model, tokens, [start], T, rope_scaling=dynamic)[0]
     x = torch.tensor(tokens[start:start + T + 1].astype(np.int64))
     cache, reference = KVCache(model.config.n_layer), []
     with torch.no_grad():  # the reference: one token at a time, each step rotates with its own length
         for t in range(T):
-            logits, _ = model(x[None, t:t + 1], cache=cache)
+            logits, _ = model(x[None, t:t + 1], cache=cache, rope_scaling=dynamic)
             reference.append(F.cross_entropy(logits[0], x[t + 1:t + 2]).item())
     assert causal == pytest.approx(reference, abs=1e-4)
     assert np.abs(causal[L:] - sequence[L:]).max() > 1e-3
-    model.config.rope_scaling = None
+    assert model.config.rope_scaling is None  # the scaling was an argument: nothing to put back
     assert causal[:L] == pytest.approx(score_windows(model, tokens, [start], L)[0], abs=1e-5)
 
 

@@ -44,7 +44,13 @@ def test_config_file_and_overrides(tmp_path):
     ("", ["--batchsize=4"], "unknown config key 'batchsize'"),
     ("", ["--n_layer=2.5"], "n_layer=2.5 (from --n_layer=2.5) should be a int"),
     ("", ["--compile=1"], "compile=1 (from --compile=1) should be a bool"),
-    ("pos_emb = 'alibi'\n", [], "pos_emb='alibi'"),
+    ("pos_emb = 'alibi'\n", [], "unknown pos_emb 'alibi'; allowed: learned, sinusoidal, rope, none"),
+    ("", ["--rope_scaling=yarn"], "rope_scaling must be a dict"),
+    ("n_layer = = 2\n", [], "c.py failed: SyntaxError"),
+    ("import nonexistent_module\n", [], "c.py failed: ModuleNotFoundError"),
+    ("", ["--max_iters=-5"], "max_iters=-5 (from --max_iters=-5) must be >= 0"),
+    ("", ["--eval_interval=0"], "eval_interval=0 (from --eval_interval=0) must be >= 1"),
+    ("", ["--n_layer=0"], "n_layer=0: model sizes must be >= 1"),
     ("", ["--device=tpu"], "device='tpu' (from --device=tpu) is not one of: auto, cpu, cuda, cuda:N, mps"),
     ("", ["--n_layer"], "expected --key=value, got '--n_layer'"),
 ])
@@ -100,7 +106,18 @@ def test_bad_model_option_is_a_one_line_error(dataset, tmp_path):
 def test_cli_exits_nonzero_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--n_layers=2"], capture_output=True, text=True)
     assert proc.returncode != 0
-    assert proc.stderr.strip() == "train.py: error: unknown config key 'n_layers' (from --n_layers=2); the keys are listed in DEFAULTS in train.py"
+    assert proc.stderr.strip() == ("train.py: error: unknown config key 'n_layers' (from --n_layers=2); the keys are "
+                                   "DEFAULTS in train.py and GPTConfig's fields in model.py")
+
+
+def test_a_failed_corpus_download_is_one_line(tmp_path, monkeypatch):
+    import data.shakespeare.prepare as shakespeare
+    monkeypatch.setattr(train, "data_dir", lambda dataset: tmp_path)  # no prepared data here
+    monkeypatch.setattr(shakespeare, "is_prepared", lambda *a, **kw: False)
+    monkeypatch.setattr(shakespeare.download, "__defaults__", (tmp_path,))  # an empty download cache
+    monkeypatch.setattr(shakespeare.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 1))  # pip offline
+    error = run_main(["--device=cpu", "--wandb_log=False"])
+    assert error.startswith("train.py: error: `") and "failed (exit 1)" in error and "\n" not in error
 
 
 def test_ddp_with_two_cpu_processes(dataset, tmp_path):

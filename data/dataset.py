@@ -1,5 +1,6 @@
 """
-Shared dataset writer and memmap batch reader.
+The prepared-dataset format, written by the data/<corpus>/prepare.py scripts and read here for
+training batches and evaluation windows.
 
 A prepared dataset directory holds:
   train.bin, val.bin            uint16 tokens: documents concatenated, each followed by one EOT
@@ -12,7 +13,6 @@ the output is complete; anything else is redone by the prepare scripts.
 import hashlib
 import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from data.tokenizer import gpt2_tokenizer
+from runtime import write_atomic
 
 SPLITS = ("train", "val")
 # GPT-2 BPE cut to its first 2047 merges + EOT: the output layer is the costliest part of a small
@@ -45,19 +46,8 @@ def split_documents(names, val_fraction=0.1, seed=0):
     return train, val
 
 
-def _write_atomic(path, data: bytes):
-    """Write via a temp file in the same dir + os.replace, so a crash never leaves a half file under the real name."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same dir: os.replace is then an atomic rename
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def _write_file(path, data: bytes):
+    write_atomic(path, lambda f: f.write(data))
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -91,8 +81,8 @@ def write_dataset(docs: dict[str, str], out_dir, vocab_size: int, val_fraction: 
     files, splits = {}, {}
     for split, names in (("train", train_names), ("val", val_names)):
         tokens, bounds = _tokenize_split(enc, docs, names, split)
-        files[f"{split}.bin"] = _write_atomic(out_dir / f"{split}.bin", tokens.tobytes())
-        files[f"{split}_docs.npy"] = _write_atomic(out_dir / f"{split}_docs.npy", _npy_bytes(bounds))
+        files[f"{split}.bin"] = _write_file(out_dir / f"{split}.bin", tokens.tobytes())
+        files[f"{split}_docs.npy"] = _write_file(out_dir / f"{split}_docs.npy", _npy_bytes(bounds))
         splits[split] = {"tokens": int(len(tokens)), "documents": names}
         print(f"{split}: {len(names)} documents, {len(tokens):,} tokens -> {out_dir / f'{split}.bin'}")
     meta = {
@@ -105,14 +95,14 @@ def write_dataset(docs: dict[str, str], out_dir, vocab_size: int, val_fraction: 
         "val_fraction": val_fraction,
         "seed": seed,
     }
-    _write_atomic(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    _write_file(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
     return meta
 
 
 # -----------------------------------------------------------------------------
 # checking and reading
 
-def _file_sha256(path):
+def file_sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -136,7 +126,7 @@ def is_prepared(out_dir, vocab_size=None, source=None) -> bool:
                 return False
         for name, info in files.items():
             path = out_dir / name
-            if not path.is_file() or path.stat().st_size != info["bytes"] or _file_sha256(path) != info["sha256"]:
+            if not path.is_file() or path.stat().st_size != info["bytes"] or file_sha256(path) != info["sha256"]:
                 return False
     except (OSError, ValueError, KeyError, TypeError):  # missing / unreadable / malformed meta.json
         return False
