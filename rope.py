@@ -1,18 +1,24 @@
 """
 Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
 
-Scaling is a Hugging Face style dict (the keys `transformers` uses in `config.rope_scaling`), e.g.
+Scaling is a Hugging Face style dict (the keys `transformers` uses in `config.rope_scaling`, or its v5
+`config.rope_parameters`, which may also carry the base as `rope_theta`), e.g.
     {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256}
+Keys a method does not use are ignored, as transformers dicts carry others (mscale, partial_rotary_factor).
+NTK-by-parts is YaRN without its temperature: a yarn dict with "attention_factor": 1.0.
 Each method is one small function returning (inv_freq, attention_factor); the attention factor
 multiplies both cos and sin, as in `transformers`, so attention logits get its square.
-References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023).
+References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), Llama 3.1 (Meta 2024),
+base lower bound (Men et al., "Base of RoPE Bounds Context Length", NeurIPS 2024).
 """
 import math
+import numbers
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn")
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
 LAYOUTS = ("half", "interleaved")
+EXAMPLE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
 
 
 def default_inv_freq(dim, base):
@@ -45,12 +51,15 @@ def yarn_correction_dim(num_rotations, dim, base, original_len):
     return dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
-def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0):
+def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0, truncate=True):
     # NTK-by-parts: pairs that rotate more than beta_fast times over the original context keep their
     # frequency (extrapolate), pairs rotating less than beta_slow times are interpolated (PI),
     # linear ramp in the pair index between them (as the YaRN authors' code and transformers do).
-    low = max(math.floor(yarn_correction_dim(beta_fast, dim, base, original_len)), 0)
-    high = min(math.ceil(yarn_correction_dim(beta_slow, dim, base, original_len)), dim - 1)
+    low = yarn_correction_dim(beta_fast, dim, base, original_len)
+    high = yarn_correction_dim(beta_slow, dim, base, original_len)
+    if truncate:  # widen the ramp to whole pairs (default); transformers' "truncate": False keeps exact bounds
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # avoid 0/0, as transformers does
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
@@ -63,29 +72,58 @@ def yarn_attention_factor(factor):
     return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
+def llama3_inv_freq(dim, base, factor, original_len, low_freq_factor=1.0, high_freq_factor=4.0):
+    # Llama 3.1, numerics as transformers' _compute_llama3_parameters: wavelengths longer than
+    # L / low_freq_factor are interpolated (PI), shorter than L / high_freq_factor kept, and in between
+    # a blend linear in the rotation count L / wavelen (continuous at both ends)
+    inv_freq = default_inv_freq(dim, base)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > original_len / low_freq_factor, inv_freq / factor, blended)
+    return torch.where(wavelen < original_len / high_freq_factor, inv_freq, scaled)
+
+
+def is_number(x):
+    # True is an int to Python, NaN slips past `x < 1` checks, inf leaves no frequency: none is a setting
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def check_scaling(scaling):
     """Validate a rope_scaling dict; returns (rope_type, factor). Raises ValueError naming what is wrong."""
     if scaling is None:
         return "default", 1.0
     if not isinstance(scaling, dict):
-        raise ValueError(f"rope_scaling must be a dict or None, got {scaling!r}")
+        raise ValueError(f"rope_scaling must be a dict or None, got {scaling!r}; e.g. {EXAMPLE}")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
     factor = scaling.get("factor", 1.0)
-    if not isinstance(factor, (int, float)) or factor < 1:
+    if not is_number(factor) or factor < 1:
         raise ValueError(f"rope_scaling factor must be a number >= 1, got {factor!r}")
-    if rope_type in ("dynamic", "yarn") and not scaling.get("original_max_position_embeddings"):
+    theta = scaling.get("rope_theta")
+    if theta is not None and not (is_number(theta) and theta > 1):
+        raise ValueError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
+    attention = scaling.get("attention_factor")
+    if attention is not None and not (is_number(attention) and attention > 0):
+        raise ValueError(f"attention_factor must be a number > 0, got {attention!r}")
+    if rope_type in ("dynamic", "yarn", "llama3") and not scaling.get("original_max_position_embeddings"):
         raise ValueError(f"rope_type {rope_type!r} needs 'original_max_position_embeddings' (the training length)")
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high > low > 0):
+        raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, "
+                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
     return rope_type, float(factor)
 
 
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict.
-    seq_len is the length of the sequence being processed; only `dynamic` uses it."""
+    seq_len is the length of the sequence being processed; only `dynamic` uses it. A "rope_theta" in the dict
+    (transformers v5 rope_parameters) replaces `base`."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
     rope_type, factor = check_scaling(scaling)
+    base = (scaling or {}).get("rope_theta") or base
     attention_factor = 1.0
     if rope_type == "default":
         inv_freq = default_inv_freq(head_dim, base)
@@ -95,9 +133,14 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None):
         inv_freq = ntk_inv_freq(head_dim, base, factor)
     elif rope_type == "dynamic":
         inv_freq = dynamic_inv_freq(head_dim, base, factor, scaling["original_max_position_embeddings"], seq_len)
-    else:  # yarn
+    elif rope_type == "llama3":
+        inv_freq = llama3_inv_freq(head_dim, base, factor, scaling["original_max_position_embeddings"],
+                                   scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0))
+    else:  # yarn; "attention_factor": 1.0 makes it NTK-by-parts (no temperature)
         inv_freq = yarn_inv_freq(head_dim, base, factor, scaling["original_max_position_embeddings"],
-                                 scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0)
+                                 scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0,
+                                 scaling.get("truncate", True))
+        # validated > 0 when given, so only a missing one falls back to YaRN's temperature
         attention_factor = scaling.get("attention_factor") or yarn_attention_factor(factor)
     return inv_freq.float(), float(attention_factor)
 
@@ -118,3 +161,47 @@ def apply_rope(x, cos, sin, layout="half"):
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def base_bound_curve(head_dim, base, max_len, start=0):
+    """Men et al.'s B_m = sum_i cos(m * base^(-2i/d)) for m = start .. max_len, float64; B_0 = head_dim / 2."""
+    # the expected score gap between a key similar to the query and a random one at distance m is
+    # proportional to B_m, so B_m < 0 means attention no longer prefers the similar token at that distance
+    m = torch.arange(start, max_len + 1, dtype=torch.float64)
+    return torch.cos(m[:, None] * default_inv_freq(head_dim, base)).sum(-1)
+
+
+def base_passes(head_dim, base, context_len):
+    # B_m >= 0 for every m in 1 .. context_len; in doubling chunks, as most bases of a scan fail early
+    start, size = 1, 256
+    while start <= context_len:
+        if (base_bound_curve(head_dim, base, min(start + size - 1, context_len), start) < 0).any():
+            return False
+        start, size = start + size, 2 * size
+    return True
+
+
+def two_digit_bases(lowest, highest):
+    # 1.0e1, 1.1e1, ..., 9.9e1, 1.0e2, ...: two significant digits, the resolution of the paper's Table 2
+    exponent = math.floor(math.log10(lowest))
+    while True:
+        for mantissa in range(10, 100):
+            base = float(f"{mantissa}e{exponent - 1}")
+            if base > highest:
+                return
+            if base >= lowest:
+                yield base
+        exponent += 1
+
+
+def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
+    """The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length") for a
+    context length: the first base b of the grid lowest, ..., 9.9e1, 1.0e2, 1.1e2, ... (two significant digits)
+    with B_m(b) >= 0 for every m in 1 .. context_len. Passing bases do not form an interval (B_m oscillates in b),
+    so this is an upward scan, not a bisection; a larger base may still fail. It is how the paper's Table 2 reads,
+    though at head dim 128 it gives 3.5e5 (16k) and 6.3e5 (32k) where the table's 3.1e5 and 6.4e5 fail before
+    those lengths. Raises ValueError if no base up to `highest` passes."""
+    for base in two_digit_bases(lowest, highest):
+        if base_passes(head_dim, base, context_len):
+            return base
+    raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")

@@ -2,7 +2,7 @@
 Compare runs evaluated by eval/extrapolate.py: one figure and one markdown table across runs.
 
     python eval/compare.py out/rope_small out/sinusoidal_small out/learned_small [--out out/compare]
-        [--metric ppl|ppl_beyond_train]
+        [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]
 
 Writes PREFIX.png (the metric against eval length, log2 x-axis, one line per run / method (mode))
 and PREFIX.md (the metric at each eval length, "n/a" where not available), and prints the table.
@@ -19,6 +19,7 @@ from eval.report import fmt, label  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
 METRICS = ("ppl", "ppl_beyond_train")
+PROTOCOLS = ("windows", "sliding")
 
 
 def load_report(run_dir):
@@ -27,7 +28,7 @@ def load_report(run_dir):
         raise FileNotFoundError(f"no {path}; evaluate the run first: python eval/extrapolate.py {run_dir}")
     try:
         report = json.loads(path.read_text())
-        missing = [k for k in ("run", "train_len", "results") if k not in report]
+        missing = [k for k in ("run", "train_len", "units", "results") if k not in report]
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
     if missing:
@@ -35,11 +36,11 @@ def load_report(run_dir):
     return report
 
 
-def lines(reports):
-    """{row label: {multiple of train length: entry}}: one row per run / method (mode)."""
+def lines(reports, protocol):
+    """{row label: {multiple of train length: entry}}: one row per run / method (mode), for one protocol."""
     rows = {}
     for rep in reports:
-        for r in rep["results"]:
+        for r in (r for r in rep["results"] if r["protocol"] == protocol):
             rows.setdefault(f"{rep['run']} / {label(r)}", {})[r["eval_len"] / rep["train_len"]] = r
     return rows
 
@@ -48,46 +49,47 @@ def multiples(rows):
     return sorted({m for cells in rows.values() for m in cells})
 
 
-def markdown(reports, metric):
-    rows = lines(reports)
+def markdown(reports, metric, protocol):
+    rows = lines(reports, protocol)
     train_lens = {rep["train_len"] for rep in reports}
     # with one training length the columns can name the token count too
     head = [f"{m:g}x" + (f" ({round(m * next(iter(train_lens)))})" if len(train_lens) == 1 else "") for m in multiples(rows)]
     out = ["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head)]
     for name, cells in rows.items():
         out.append(f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in multiples(rows)) + " |")
-    return f"{metric.replace('_', ' ')} by eval length (multiples of the training length)\n\n" + "\n".join(out) + "\n"
+    return f"{metric.replace('_', ' ')} by eval length (multiples of the training length), {protocol} protocol\n\n" + "\n".join(out) + "\n"
 
 
-def plot(reports, metric, path):
+def plot(reports, metric, protocol, path):
     import matplotlib
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    rows = lines(reports)
+    rows = lines(reports, protocol)
     for name, cells in rows.items():
         points = sorted((m, r[metric]) for m, r in cells.items() if r[metric] is not None)
         if points:
-            ax.plot(*zip(*points), marker="o", lw=1.2, label=name)
+            crop = name.endswith("/ crop")
+            ax.plot(*zip(*points), marker="o", lw=1.2, label=name, **(dict(color="k", ls="--") if crop else {}))
     ax.set_xscale("log", base=2)
     ax.set_xticks(multiples(rows), [f"{m:g}x" for m in multiples(rows)])
     ax.minorticks_off()
     ax.set_yscale("log")
     ax.set(xlabel="eval length / training length", ylabel=metric.replace("_", " "),
-           title=f"{metric.replace('_', ' ')} against eval length ({', '.join(rep['run'] for rep in reports)})")
+           title=f"{metric.replace('_', ' ')} against eval length, {protocol} protocol ({', '.join(rep['run'] for rep in reports)})")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def compare(run_dirs, prefix, metric):
+def compare(run_dirs, prefix, metric, protocol):
     reports = [load_report(d) for d in run_dirs]
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    table = markdown(reports, metric)
+    table = markdown(reports, metric, protocol)
     Path(f"{prefix}.md").write_text(table)
-    plot(reports, metric, f"{prefix}.png")
+    plot(reports, metric, protocol, f"{prefix}.png")
     print(table + f"-> {prefix}.md, {prefix}.png")
 
 
@@ -96,12 +98,15 @@ def main(argv):
     p.add_argument("run_dirs", nargs="+", help="run folders holding extrapolation.json")
     p.add_argument("--out", default="out/compare", help="output prefix (default out/compare)")
     p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
+    p.add_argument("--protocol", default="windows", help=f"{' | '.join(PROTOCOLS)} (default windows)")
 
     def run():
         a = p.parse_args(argv)
         if a.metric not in METRICS:
             raise ValueError(f"unknown --metric {a.metric!r}; allowed: {', '.join(METRICS)}")
-        compare(a.run_dirs, a.out, a.metric)
+        if a.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown --protocol {a.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+        compare(a.run_dirs, a.out, a.metric, a.protocol)
     run_cli("compare.py", run)
 
 

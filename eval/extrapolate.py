@@ -1,14 +1,14 @@
 """
 Loss by token position at and past the training length, with RoPE scaling applied at inference.
 
-    python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,pi,ntk,dynamic-ntk,yarn]
-        [--factor auto|S] [--dynamic_factor A] [--dynamic_modes sequence,causal] [--n_windows auto|N] [--seed 0]
-        [--device auto|cpu|cuda] [--out DIR] [--wandb_log true|false | --no-wandb]
+    python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,crop,pi,...]
+        [--protocols windows,sliding] [--stride half|S] [--tokens N] [--bins linear|log] [--factor auto|S]
+        [--dynamic_factor A] [--dynamic_modes sequence,causal] [--seed 0] [--device auto|cpu|cuda]
+        [--out DIR] [--wandb_log true|false | --no-wandb]
 
-Writes extrapolation.json (everything, incl. the per-position curves), extrapolation.csv (one summary row
-per entry) and extrapolation.png into RUN_DIR (or --out), and logs them to wandb if on.
-Method: docs/methodology.md (held-out documents, the same windows for every method at a length, each
-window scored from position 0).
+Writes extrapolation.json (everything, incl. the binned per-position curves and paired differences),
+extrapolation.csv (one summary row per entry) and extrapolation.png into RUN_DIR (or --out), and logs
+them to wandb if on. What each number means: docs/methodology.md.
 """
 import sys
 from pathlib import Path
@@ -27,16 +27,17 @@ from tqdm import tqdm  # noqa: E402
 
 from data.dataset import doc_windows, load_split  # noqa: E402
 from eval.report import fmt, label  # noqa: E402
-from eval.score import load_run, score_windows  # noqa: E402
+from eval.score import load_run, score_sliding, score_windows  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
-METHODS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
+METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
+ANY_POSITIONS = ("none", "crop", "logn")  # the others rescale RoPE: nothing to scale without it
+PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
-CSV_FIELDS = ("method", "mode", "eval_len", "factor", "loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr",
-              "n_windows", "available", "reason")
-# --n_windows auto: the same number of tokens at every length, that of 4 windows of the longest one
-# (64 windows at 1x ... 4 at 16x); fewer than 4 windows leave no meaningful spread
-WINDOWS_AT_LONGEST = 4
+BINS = ("linear", "log")
+CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
+              "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
+              "n_units", "tokens", "seconds", "available", "reason")
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -59,12 +60,15 @@ def parse_args(argv):
     p = arg_parser(__doc__)
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
     p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"RoPE scalings (default {','.join(METHODS)})")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"(default {','.join(METHODS)})")
+    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="windows (each scored from position 0) and/or "
+                   "sliding (every token once, with >= length - stride tokens before it)")
+    p.add_argument("--stride", default="half", help="sliding protocol's stride: half (of each length) or a number of tokens")
+    p.add_argument("--tokens", default="16384", help="scored tokens per length and protocol (default 16384)")
+    p.add_argument("--bins", default="linear", help="position bins of the curves: linear (2%% of the length) or log")
     p.add_argument("--factor", default="auto", help="auto: eval_len / train_len at each length; or one number >= 1 for all")
     p.add_argument("--dynamic_factor", default="1", help="dynamic-ntk's extra NTK multiplier a (transformers' factor; 1 = plain)")
     p.add_argument("--dynamic_modes", default=",".join(DYNAMIC_MODES), help="sequence (one forward, transformers) and/or causal (exact)")
-    p.add_argument("--n_windows", default="auto", help=f"windows per length, or auto: as many tokens at every length "
-                   f"as {WINDOWS_AT_LONGEST} windows of the longest (default auto)")
     p.add_argument("--seed", default="0", help="seed of the window choice (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -73,13 +77,18 @@ def parse_args(argv):
     a = p.parse_args(argv)
     args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device),
                 methods=parse_list(a.methods, "methods", str, METHODS),
+                protocols=parse_list(a.protocols, "protocols", str, PROTOCOLS),
                 dynamic_modes=parse_list(a.dynamic_modes, "dynamic_modes", str, DYNAMIC_MODES),
                 lengths=parse_list(a.lengths, "lengths", float))
     if any(m <= 0 for m in args["lengths"]):
         raise ValueError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
+    if a.bins not in BINS:
+        raise ValueError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
+    args["bins"] = a.bins
+    args["stride"] = None if a.stride == "half" else number(a.stride, "stride", int, 1)
+    args["tokens"] = number(a.tokens, "tokens", int, 1)
     args["factor"] = None if a.factor == "auto" else number(a.factor, "factor", float, 1)
     args["dynamic_factor"] = number(a.dynamic_factor, "dynamic_factor", float, 1)
-    args["n_windows"] = None if a.n_windows == "auto" else number(a.n_windows, "n_windows", int, 1)
     args["seed"] = number(a.seed, "seed", int, 0)
     if args["device"].split(":")[0] not in ("cpu", "cuda", "mps"):
         raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N")
@@ -100,90 +109,183 @@ def number(text, name, convert, minimum):
     return value
 
 
-# ----------------------------------------------------------------------------- the grid
+# ----------------------------------------------------------------------------- methods
 
-def rope_scaling(method, factor, train_len):
-    """The Hugging Face style dict for a CLI method name other than none (docs/methodology.md)."""
-    if method == "pi":
-        return {"rope_type": "linear", "factor": factor}
-    if method == "ntk":
-        return {"rope_type": "ntk", "factor": factor}
-    if method == "dynamic-ntk":  # factor is transformers' extra multiplier a, not the length ratio
-        return {"rope_type": "dynamic", "factor": factor, "original_max_position_embeddings": train_len}
-    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_len}
-
-
-def grid(methods, dynamic_modes, eval_lens):
-    """(method, mode, eval_len) in output order; only dynamic-ntk has modes."""
-    return [(m, mode, T) for m in methods for mode in (dynamic_modes if m == "dynamic-ntk" else [None]) for T in eval_lens]
-
-
-def choose_windows(docs, eval_len, n_windows, seed):
-    """Window starts for one length: eval_len + 1 tokens (inputs and shifted targets) inside one document."""
-    try:
-        return doc_windows(docs, eval_len + 1, n_windows, np.random.default_rng(seed))
-    except ValueError as e:
-        raise ValueError(f"length {eval_len} (windows of {eval_len + 1} tokens): {e}") from None
+def positions(method, factor, train_len):
+    """GPT.forward's position arguments for a method: a Hugging Face style rope_scaling dict, an attention
+    window or log-n scaling (docs/methodology.md has each definition)."""
+    s, L = factor, train_len
+    yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
+    return {
+        "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
+        "crop": {"window": L},
+        "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
+        "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
+        # factor is transformers' extra multiplier a here, not the length ratio
+        "dynamic-ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": s, "original_max_position_embeddings": L}},
+        "yarn": {"rope_scaling": yarn},
+        "ntk-by-parts": {"rope_scaling": {**yarn, "attention_factor": 1.0}},  # YaRN without its temperature
+        "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+        "logn": {"logn_len": L},
+        "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
+    }[method]
 
 
-def summarize(nll, train_len):
-    """Loss fields of one entry from its [n_windows, eval_len] per-position NLL."""
-    n = len(nll)
-    beyond = float(nll[:, train_len:].mean()) if nll.shape[1] > train_len else None
-    window_means = nll.mean(axis=1)
-    return dict(loss=float(nll.mean()), ppl=math.exp(nll.mean()), loss_beyond_train=beyond,
-                ppl_beyond_train=None if beyond is None else math.exp(beyond),
-                loss_by_position=[round(float(v), 6) for v in nll.mean(axis=0)],
-                stderr=float(window_means.std(ddof=1) / math.sqrt(n)) if n > 1 else None)
-
-
-def unavailable(model, eval_len):
-    """Why the model cannot be scored at this length, or None."""
-    if model.config.pos_emb == "learned" and eval_len > model.config.block_size:
-        return (f"learned position table has {model.config.block_size} entries; cannot encode position "
+def unavailable(model, method, protocol, eval_len):
+    """Why this entry cannot be scored, or None: an explicit check, never a caught exception."""
+    cfg = model.config
+    absolute = cfg.pos_emb in ("learned", "sinusoidal")
+    if method == "crop" and absolute and protocol == "sliding" and eval_len > cfg.block_size:
+        return "crop of an absolute encoding is per-token truncation, reported under the windows protocol"
+    if cfg.pos_emb == "learned" and eval_len > cfg.block_size and method != "crop":
+        return (f"learned position table has {cfg.block_size} entries; cannot encode position "
                 f"{eval_len - 1} (a learned model cannot extrapolate)")
     return None
 
 
-def evaluate(model, tokens, starts, train_len, method, mode, eval_len, factor, scaling):
-    entry = dict(method=method, mode=mode, eval_len=eval_len, factor=factor, rope_scaling=scaling,
-                 n_windows=len(starts))
-    t0 = time.time()
-    reason = unavailable(model, eval_len)
-    if reason:  # say so, never a made-up number
-        empty = dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "loss_by_position", "stderr"))
-        return dict(entry, **empty, available=False, reason=reason, seconds=round(time.time() - t0, 3))
-    nll = score_windows(model, tokens, starts, eval_len, rope_scaling=scaling, causal_dynamic=mode == "causal")
-    return dict(entry, **summarize(nll, train_len), available=True, reason=None, seconds=round(time.time() - t0, 3))
+def grid(methods, protocols, dynamic_modes, eval_lens):
+    """(protocol, eval_len, method, mode) in output order; only dynamic-ntk has modes, and its exact causal
+    mode (O(T^2) re-rotated keys per window) only the windows protocol."""
+    return [(p, T, m, mode) for p in protocols for T in eval_lens for m in methods
+            for mode in ((dynamic_modes if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
 
+
+# ----------------------------------------------------------------------------- scoring units
+
+def choose_units(docs, protocol, eval_len, tokens, seed):
+    """Start offsets of the units scored at one length, the same for every method (paired comparisons):
+    windows of eval_len tokens, or stretches for the sliding protocol (at least two windows long, so that
+    most of their tokens are scored with a long context), each inside one document, + 1 target token."""
+    longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
+    n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
+    count = max(2, math.ceil(tokens / n))
+    try:
+        return n, doc_windows(docs, n + 1, count, np.random.default_rng(seed))
+    except ValueError as e:
+        raise ValueError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
+
+
+def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs):
+    """(NLL [units, n], window position of every scored target [units, n])."""
+    L = model.config.block_size
+    if protocol == "windows" and method == "crop" and model.config.pos_emb in ("learned", "sinusoidal"):
+        # absolute positions: the exact crop is truncation, each target predicted from its last L tokens
+        # at positions 0..L-1 (a window of L per target beyond L)
+        nll = np.stack([score_sliding(model, tokens, s, n, min(L, n), 1)[0] for s in starts])
+        return nll, np.broadcast_to(np.arange(n), nll.shape)
+    if protocol == "windows":
+        nll = score_windows(model, tokens, starts, n, **kwargs)
+        return nll, np.broadcast_to(np.arange(n), nll.shape)
+    scored = [score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts]
+    return np.stack([a for a, _ in scored]), np.stack([p for _, p in scored])
+# ----------------------------------------------------------------------------- summaries
+
+def mean_stderr(per_unit):
+    """Mean over units and its standard error (None with one unit)."""
+    n = len(per_unit)
+    return float(per_unit.mean()), float(per_unit.std(ddof=1) / math.sqrt(n)) if n > 1 else None
+
+
+def bin_edges(eval_len, bins):
+    """Edges of the position bins: ~50 linear bins (2% of the length each), or ~40 log-spaced ones."""
+    if bins == "log":
+        return np.unique(np.round(np.geomspace(1, eval_len, 41)).astype(int)) - 1 if eval_len > 1 else np.array([0, 1])
+    size = max(1, eval_len // 50)
+    return np.arange(0, eval_len // size * size + 1, size)
+
+
+def binned(nll, edges):
+    """(bin centres, mean per bin, standard error over units per bin) of a [units, positions] array."""
+    per_unit = np.stack([nll[:, a:b].mean(axis=1) for a, b in zip(edges[:-1], edges[1:])], axis=1)
+    mean = per_unit.mean(axis=0)
+    err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(nll)) if len(nll) > 1 else np.zeros_like(mean)
+    return (edges[:-1] + edges[1:] - 1) / 2, mean, err
+
+
+def summarize(nll, pos, train_len):
+    """Loss fields of one entry from its NLL [units, n] and each target's position in its window."""
+    loss, stderr = mean_stderr(nll.mean(axis=1))
+    beyond = nll[pos >= train_len]
+    beyond = float(beyond.mean()) if beyond.size else None
+    return dict(loss=loss, ppl=math.exp(loss), loss_beyond_train=beyond,
+                ppl_beyond_train=None if beyond is None else math.exp(beyond), stderr=stderr)
+
+
+def paired(nll, reference):
+    """Mean difference in NLL to a reference scored on the same units, with its paired standard error."""
+    if nll is None or reference is None:
+        return None, None
+    return mean_stderr(nll.mean(axis=1) - reference.mean(axis=1))
+
+
+def curves(nll, ref, edges):
+    """Binned loss by position, with its band and the paired difference to `none`, for the plot and JSON."""
+    x, y, err = binned(nll, edges)
+    out = dict(x=x.tolist(), loss=y.round(6).tolist(), stderr=err.round(6).tolist())
+    if ref is not None:
+        _, d, derr = binned(nll - ref, edges)
+        out.update(diff_none=d.round(6).tolist(), diff_none_stderr=derr.round(6).tolist())
+    return out
+
+
+# ----------------------------------------------------------------------------- the grid
 
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
-    n_windows = {T: args["n_windows"] or WINDOWS_AT_LONGEST * max(eval_lens) // T for T in eval_lens}
-    windows = {T: choose_windows(docs, T, n_windows[T], args["seed"]) for T in eval_lens}  # once per length
-    trained = model.config.rope_scaling  # `none` is the model as trained; the methods replace this
-    results = []
-    for method, mode, T in tqdm(grid(args["methods"], args["dynamic_modes"], eval_lens), desc="extrapolate", unit="eval"):
+    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["seed"]) for p in args["protocols"] for T in eval_lens}
+    scored, results = {}, []
+    for protocol, T, method, mode in tqdm(grid(args["methods"], args["protocols"], args["dynamic_modes"], eval_lens),
+                                          desc="extrapolate", unit="eval"):
+        n, starts = units[protocol, T]
         if method == "none":
-            factor, scaling = None, trained
+            factor = None
         else:  # auto: the factor that maps this length back onto the training length (never below 1)
             factor = args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"] or max(1.0, T / train_len)
-            scaling = rope_scaling(method, factor, train_len)
-        results.append(evaluate(model, tokens, windows[T], train_len, method, mode, T, factor, scaling))
-    return results, {str(T): [int(s) for s in w] for T, w in windows.items()}
+        stride = (args["stride"] or T // 2) if protocol == "sliding" else None
+        if stride is not None and stride > T:
+            raise ValueError(f"--stride {stride} is longer than the evaluation length {T}; use a stride <= {T}")
+        kwargs = dict(positions(method, factor, train_len), causal_dynamic=mode == "causal")
+        entry = dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
+                     positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts))
+        t0 = time.time()
+        reason = unavailable(model, method, protocol, T)
+        nll, pos = (None, None) if reason else score_units(model, tokens, starts, n, protocol, T, stride, method, kwargs)
+        scored[protocol, T, method, mode] = nll
+        empty = dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr"))
+        results.append(dict(entry, **(empty if reason else summarize(nll, pos, train_len)),
+                            available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
+    for r in results:  # paired differences: to none and to crop, on the same units
+        key = r["protocol"], r["eval_len"]
+        nll = scored[(*key, r["method"], r["mode"])]
+        for ref in ("none", "crop"):
+            d, err = paired(nll, scored.get((*key, ref, None))) if r["method"] != ref else (None, None)
+            r.update({f"diff_{ref}": d, f"diff_{ref}_stderr": err})
+        if r["protocol"] == "windows" and nll is not None:
+            r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
+            r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
+    return results, {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
+
+
+def timing(results):
+    """Seconds spent per method (mode), largest first: the benchmark line."""
+    spent = {}
+    for r in results:
+        spent[label(r)] = spent.get(label(r), 0.0) + r["seconds"]
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
 # ----------------------------------------------------------------------------- outputs
 
 def table(report):
-    """Compact text table: rows method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
+    """Text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
     L = report["train_len"]
     lens = sorted({r["eval_len"] for r in report["results"]})
     rows = {}
     for r in report["results"]:
         cell = fmt(r["ppl"]) + ("" if r["ppl_beyond_train"] is None else f" ({fmt(r['ppl_beyond_train'])})")
-        rows.setdefault(label(r), {})[r["eval_len"]] = cell
-    head = ["method"] + [f"{T / L:g}x={T}" for T in lens]
+        rows.setdefault(f"{r['protocol']}: {label(r)}", {})[r["eval_len"]] = cell
+    head = ["protocol: method"] + [f"{T / L:g}x={T}" for T in lens]
     body = [[name] + [cells.get(T, "") for T in lens] for name, cells in rows.items()]
     width = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in [head] + body]
@@ -198,48 +300,46 @@ def write_csv(report, path):
             w.writerow({k: "" if r[k] is None else r[k] for k in CSV_FIELDS})
 
 
-def bin_size(eval_len):
-    # bins of ~2% of the length: the raw per-position curve is too noisy to read
-    return max(1, eval_len // 50)
-
-
-def binned(curve, eval_len):
-    """(bin centres, mean loss per bin) over whole bins of bin_size(eval_len) positions."""
-    size = bin_size(eval_len)
-    n = len(curve) // size * size
-    y = np.asarray(curve[:n]).reshape(-1, size).mean(axis=1)
-    return np.arange(len(y)) * size + (size - 1) / 2, y
-
-
 def plot(report, path):
+    """Per evaluation length past the training length: loss by position with a band of one standard error
+    over windows (top) and the paired difference to `none` (bottom); crop in black."""
     import matplotlib
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
     L = report["train_len"]
-    lens = sorted({r["eval_len"] for r in report["results"]})
+    entries = [r for r in report["results"] if r["protocol"] == "windows"]
+    lens = sorted({r["eval_len"] for r in entries})
     lens = [T for T in lens if T > L] or lens
-    cols = min(2, len(lens))
-    rows = math.ceil(len(lens) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 5.5 * rows), squeeze=False)
-    for ax in axes.flat[len(lens):]:
-        ax.axis("off")
-    for ax, T in zip(axes.flat, lens):
-        for r in (r for r in report["results"] if r["eval_len"] == T):
+    fig, axes = plt.subplots(2, len(lens), figsize=(6.5 * len(lens), 8), squeeze=False, sharex="col",
+                             gridspec_kw=dict(height_ratios=[3, 2]))
+    for col, T in enumerate(lens):
+        top, bottom = axes[0, col], axes[1, col]
+        for i, r in enumerate(r for r in entries if r["eval_len"] == T):
+            style = dict(color="k", ls="--") if r["method"] == "crop" else dict(color=f"C{i % 10}")
             if not r["available"]:
-                ax.plot([], [], " ", label=f"{label(r)}: n/a ({r['reason'].split(';')[0]})")
+                top.plot([], [], " ", label=f"{label(r)}: n/a")
                 continue
-            x, y = binned(r["loss_by_position"], T)
-            beyond = r["ppl_beyond_train"]
-            ax.plot(x, y, lw=1.2, label=f"{label(r)}: ppl {fmt(r['ppl'])}" + (f", beyond {fmt(beyond)}" if beyond else ""))
-        ax.axvline(L, color="k", ls="--", lw=1)
-        ax.text(L, 1.0, " train length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
-        n = min(r["n_windows"] for r in report["results"] if r["eval_len"] == T)
-        ax.set(title=f"eval length {T} ({T / L:g}x), {n} windows", xlabel="token position in window",
-               ylabel=f"NLL (mean over windows and bins of {bin_size(T)} positions)")
-        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below: keep the curves visible
-    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']})")
+            c = r["curve"]
+            x, y, e = np.array(c["x"]) + 1, np.array(c["loss"]), np.array(c["stderr"])
+            top.plot(x, y, lw=1.2, label=f"{label(r)}: {fmt(r['ppl_beyond_train'] or r['ppl'])}", **style)
+            top.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
+            if "diff_none" in c and r["method"] != "none":
+                d, de = np.array(c["diff_none"]), np.array(c["diff_none_stderr"])
+                bottom.plot(x, d, lw=1.2, **style)
+                bottom.fill_between(x, d - de, d + de, alpha=0.15, color=style["color"], lw=0)
+        for ax in (top, bottom):
+            ax.axvline(L, color="grey", ls=":", lw=1)
+            ax.set_xscale("log" if report["bins"] == "log" else "linear")
+        bottom.axhline(0, color="grey", lw=0.8)
+        n = min(r["n_units"] for r in entries if r["eval_len"] == T)
+        top.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}",
+                ylabel="NLL (mean over windows, binned)")
+        bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)")
+        top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
+    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}); "
+                 f"bands: one standard error over windows")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -249,13 +349,11 @@ def log_wandb(report, ckpt, png):
     rows = [[r[k] for k in CSV_FIELDS] for r in report["results"]]
     run.log({"extrapolation/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows)})
     for T in sorted({r["eval_len"] for r in report["results"]}):
-        curves = [r for r in report["results"] if r["eval_len"] == T and r["available"]]
+        curves = [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]
         if curves:
-            x = binned(curves[0]["loss_by_position"], T)[0]
             run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
-                xs=x.tolist(), ys=[binned(r["loss_by_position"], T)[1].tolist() for r in curves],
-                keys=[label(r) for r in curves], title=f"NLL by position, eval length {T} (bins of {bin_size(T)})",
-                xname="position")})
+                xs=curves[0]["curve"]["x"], ys=[r["curve"]["loss"] for r in curves], keys=[label(r) for r in curves],
+                title=f"NLL by position, eval length {T}", xname="position")})
     run.log({"extrapolation/plot": wandb.Image(str(png))})
     run.finish()
 
@@ -265,31 +363,34 @@ def log_wandb(report, ckpt, png):
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     train_len, pos_emb = model.config.block_size, model.config.pos_emb
-    if pos_emb != "rope":  # scalings rotate q/k: nothing to scale in a learned, sinusoidal or NoPE model
-        other = [m for m in args["methods"] if m != "none"]
-        if other:
-            print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(other)}) do not apply; evaluating with none only")
-        args = dict(args, methods=["none"])
+    if pos_emb != "rope":
+        dropped = [m for m in args["methods"] if m not in ANY_POSITIONS]
+        if dropped:
+            print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(dropped)}) do not apply; evaluating "
+                  f"{', '.join(m for m in args['methods'] if m in ANY_POSITIONS) or 'nothing'}")
+        args = dict(args, methods=[m for m in args["methods"] if m in ANY_POSITIONS])
     if model.config.rope_scaling:
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
               f"the other methods replace it")
     if "dynamic-ntk" in args["methods"]:
         print(f"dynamic-ntk: factor a = {args['dynamic_factor']:g} (transformers' extra NTK multiplier, not the "
-              f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])}")
+              f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])} (causal: windows only)")
     tokens, docs = load_split(data_dir, "val")
     t0 = time.time()
-    results, windows = run_grid(model, tokens, docs, args, train_len)
-    report = dict(train_len=train_len, pos_emb=pos_emb,
-                  run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
-                  checkpoint_iter=ckpt["iter_num"], n_windows_requested=args["n_windows"] or "auto", seed=args["seed"],
-                  dataset=str(data_dir), seconds=round(time.time() - t0, 1), windows=windows, results=results)
+    results, units = run_grid(model, tokens, docs, args, train_len)
+    report = dict(train_len=train_len, pos_emb=pos_emb, run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
+                  checkpoint_iter=ckpt["iter_num"], seed=args["seed"], tokens_per_length=args["tokens"],
+                  stride=args["stride"] or "half", bins=args["bins"], dataset=str(data_dir),
+                  seconds=round(time.time() - t0, 1), seconds_by_method=timing(results), units=units, results=results)
     out = args["out"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "extrapolation.json").write_text(json.dumps(report, indent=1) + "\n")
     write_csv(report, out / "extrapolation.csv")
     plot(report, out / "extrapolation.png")
     print(table(report))
-    print(f"{len(results)} evaluations in {report['seconds']:.0f}s -> {out}/extrapolation.{{json,csv,png}}")
+    print(f"{len(results)} evaluations in {report['seconds']:.0f}s: "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()))
+    print(f"-> {out}/extrapolation.{{json,csv,png}}")
     wandb_log = args["wandb_log"] if args["wandb_log"] is not None else ckpt["config"].get("wandb_log", False)
     if wandb_log:
         log_wandb(report, ckpt, out / "extrapolation.png")

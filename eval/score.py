@@ -50,3 +50,23 @@ def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **posit
         loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
         nll[i:i + len(rows)] = loss.double().cpu().numpy()
     return nll
+
+
+def sliding_windows(n, length, stride):
+    """Starts (within a stretch of n tokens) of the windows of the sliding protocol and, for each, how many
+    of its last targets it scores: the first window scores all `length`, each later one the next <= stride
+    tokens, so every target is scored once and, after the first window, with >= length - stride before it."""
+    if not 1 <= stride <= length <= n:
+        raise ValueError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
+                         f"length {length}, stretch {n}")
+    ends = list(range(length, n, stride)) + [n]
+    return [(e - length, e - prev) for prev, e in zip([0] + ends, ends)]
+
+
+def score_sliding(model, tokens, start, n, length, stride, **positions):
+    """(NLL [n], position of each target in the window that scored it) for targets tokens[start+1 ..
+    start+n], every one scored once by the sliding protocol (see sliding_windows)."""
+    plan = sliding_windows(n, length, stride)
+    nll = score_windows(model, tokens, [start + s for s, _ in plan], length, **positions)
+    return (np.concatenate([row[length - k:] for row, (_, k) in zip(nll, plan)]),
+            np.concatenate([np.arange(length - k, length) for _, k in plan]))

@@ -13,14 +13,15 @@ from torch.nn import functional as F
 import train
 from data.dataset import load_split
 from eval import compare, extrapolate
-from eval.score import load_run, score_windows
+from eval.score import load_run, score_sliding, score_windows, sliding_windows
 from model import KVCache
 
 ROOT = Path(__file__).resolve().parents[1]
 L = 32  # training length of the tiny runs
-ENTRY_FIELDS = ("method", "mode", "eval_len", "factor", "rope_scaling", "loss", "ppl", "loss_beyond_train",
-                "ppl_beyond_train", "loss_by_position", "stderr", "n_windows", "available", "reason")
-LOSS_FIELDS = ("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "loss_by_position", "stderr")
+ENTRY_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "positions", "loss", "ppl",
+                "loss_beyond_train", "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop",
+                "diff_crop_stderr", "n_units", "tokens", "available", "reason")
+LOSS_FIELDS = ("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr")
 
 
 def trained(tmp_path_factory, dataset, name, **kw):
@@ -50,7 +51,8 @@ def learned_run(tmp_path_factory, dataset):
 
 
 def run(run_dir, out, *argv):
-    extrapolate.main([str(run_dir), "--out", str(out), "--n_windows", "4", "--no-wandb", *argv])
+    # 4 windows of the longest length 4L, and as many tokens at the shorter ones
+    extrapolate.main([str(run_dir), "--out", str(out), "--tokens", str(16 * L), "--no-wandb", *argv])
     return json.loads((Path(out) / "extrapolation.json").read_text())
 
 
@@ -59,12 +61,13 @@ def report(rope_run, tmp_path_factory):
     return run(rope_run, tmp_path_factory.mktemp("eval"), "--lengths", "1,2,4")
 
 
-def by(report, method, mode=None):
-    return {r["eval_len"]: r for r in report["results"] if r["method"] == method and r["mode"] == mode}
+def by(report, method, mode=None, protocol="windows"):
+    return {r["eval_len"]: r for r in report["results"]
+            if r["method"] == method and r["mode"] == mode and r["protocol"] == protocol}
 
 
-def windows_of(report, eval_len):
-    return np.array(report["windows"][str(eval_len)])
+def windows_of(report, eval_len, protocol="windows"):
+    return np.array(report["units"][f"{protocol} {eval_len}"])
 
 
 def test_none_at_1x_is_the_plain_forward_loss(rope_run, report):
@@ -78,6 +81,8 @@ def test_none_at_1x_is_the_plain_forward_loss(rope_run, report):
 
 def test_per_position_losses_average_to_the_loss(report):
     for r in report["results"]:
+        if r["protocol"] != "windows":
+            continue
         curve = np.array(r["loss_by_position"])
         assert len(curve) == r["eval_len"]
         assert curve.mean() == pytest.approx(r["loss"], abs=1e-6)
@@ -89,9 +94,10 @@ def test_per_position_losses_average_to_the_loss(report):
 
 
 def test_every_method_at_factor_1_equals_none(rope_run, report, tmp_path):
-    # at 1x (auto factor 1, dynamic unchanged up to the training length): every method and mode
+    # at 1x (auto factor 1, dynamic unchanged up to the training length, crop's window the whole window,
+    # log-n scaling 1): every method and mode
     for r in report["results"]:
-        if r["eval_len"] == L:
+        if r["eval_len"] == L and r["protocol"] == "windows":
             assert r["loss_by_position"] == pytest.approx(by(report, "none")[L]["loss_by_position"], abs=1e-5), r["method"]
     # a pinned factor 1 at every length (dynamic-ntk's scale follows the length, so not that one)
     pinned = run(rope_run, tmp_path, "--lengths", "2,4", "--factor", "1", "--methods", "none,pi,ntk,yarn")
@@ -102,7 +108,8 @@ def test_every_method_at_factor_1_equals_none(rope_run, report, tmp_path):
 
 def test_scaling_changes_the_loss_past_the_training_length(report):
     # the opposite of the test above: the methods are really applied (else it would pass vacuously)
-    for method, mode in (("pi", None), ("ntk", None), ("yarn", None), ("dynamic-ntk", "sequence")):
+    for method, mode in (("pi", None), ("ntk", None), ("yarn", None), ("dynamic-ntk", "sequence"), ("crop", None),
+                         ("ntk-by-parts", None), ("llama3", None), ("logn", None), ("ntk+logn", None)):
         assert abs(by(report, method, mode)[4 * L]["loss"] - by(report, "none")[4 * L]["loss"]) > 1e-4, method
 
 
@@ -113,37 +120,123 @@ def test_plain_dynamic_ntk_over_a_whole_window_is_ntk_at_the_length_ratio(report
 
 
 def test_the_json_has_every_field_for_every_entry(report):
-    assert {"train_len", "pos_emb", "run", "checkpoint_iter", "n_windows_requested", "seed", "results"} <= set(report)
-    assert (report["train_len"], report["pos_emb"], report["run"], report["n_windows_requested"]) == (L, "rope", "rope", 4)
-    assert len(report["results"]) == 6 * 3  # none, pi, ntk, 2 dynamic modes, yarn x 3 lengths
+    assert {"train_len", "pos_emb", "run", "checkpoint_iter", "tokens_per_length", "seed", "stride", "bins",
+            "seconds_by_method", "units", "results"} <= set(report)
+    assert (report["train_len"], report["pos_emb"], report["run"], report["tokens_per_length"]) == (L, "rope", "rope", 16 * L)
+    # 11 method (mode)s with windows, 10 with sliding (no causal mode there), at 3 lengths
+    assert len(report["results"]) == (11 + 10) * 3
     for r in report["results"]:
-        assert set(ENTRY_FIELDS) <= set(r) and r["available"] and r["reason"] is None and r["n_windows"] == 4
+        assert set(ENTRY_FIELDS) <= set(r) and r["available"] and r["reason"] is None
         assert (r["mode"] in ("sequence", "causal")) == (r["method"] == "dynamic-ntk")
+        assert r["n_units"] == len(windows_of(report, r["eval_len"], r["protocol"]))
+        assert r["tokens"] >= 16 * L and (r["stride"] == r["eval_len"] // 2) == (r["protocol"] == "sliding")
+    assert [r["n_units"] for r in by(report, "none").values()] == [16, 8, 4]
     yarn, dyn = by(report, "yarn")[2 * L], by(report, "dynamic-ntk", "causal")[4 * L]
-    assert yarn["rope_scaling"] == {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": L}
-    assert dyn["factor"] == 1 and dyn["rope_scaling"] == {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
-    assert by(report, "pi")[4 * L]["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
-    assert by(report, "none")[L]["rope_scaling"] is None
+    assert yarn["positions"] == {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": L}}
+    assert dyn["factor"] == 1 and dyn["positions"] == {
+        "rope_scaling": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}, "causal_dynamic": True}
+    assert by(report, "ntk-by-parts")[4 * L]["positions"]["rope_scaling"]["attention_factor"] == 1.0
+    assert by(report, "pi")[4 * L]["positions"] == {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+    assert by(report, "crop")[4 * L]["positions"] == {"window": L}
+    assert by(report, "ntk+logn")[4 * L]["positions"] == {"rope_scaling": {"rope_type": "ntk", "factor": 4.0}, "logn_len": L}
+    assert by(report, "none")[L]["positions"] == {} and by(report, "none")[L]["factor"] is None
+
+
+def test_paired_differences_are_differences_on_the_same_windows(report):
+    for protocol in ("windows", "sliding"):
+        none, crop = by(report, "none", protocol=protocol), by(report, "crop", protocol=protocol)
+        for T, r in by(report, "yarn", protocol=protocol).items():
+            assert r["diff_none"] == pytest.approx(r["loss"] - none[T]["loss"], abs=1e-9)
+            assert r["diff_crop"] == pytest.approx(r["loss"] - crop[T]["loss"], abs=1e-9)
+            assert T == L or r["diff_none_stderr"] > 0
+        assert none[4 * L]["diff_none"] is None and crop[4 * L]["diff_crop"] is None
+    curve = by(report, "yarn")[4 * L]["curve"]  # the plotted per-bin difference: the same, bin by bin
+    assert np.mean(curve["diff_none"]) == pytest.approx(by(report, "yarn")[4 * L]["diff_none"], abs=1e-5)
+
+
+def nll_of_last_token(model, context):
+    """NLL of predicting context[-1] from the tokens before it, in one plain forward."""
+    x = torch.tensor(context.astype(np.int64))
+    with torch.no_grad():
+        logits, _ = model(x[None, :-1])
+    return F.cross_entropy(logits[0, -1:], x[-1:]).item()
+
+
+def test_crop_equals_none_up_to_L_and_truncation_past_it(rope_run, report):
+    none, crop = by(report, "none"), by(report, "crop")
+    assert crop[4 * L]["loss_by_position"][:L] == pytest.approx(none[4 * L]["loss_by_position"][:L], abs=1e-5)
+    assert crop[4 * L]["loss_beyond_train"] != pytest.approx(none[4 * L]["loss_beyond_train"], abs=1e-3)
+    # one layer: the banded mask is exactly "each token sees only its last L tokens", i.e. truncation;
+    # RoPE's relative positions make the truncated context's absolute offset irrelevant
+    model, _, data_dir = load_run(rope_run)
+    tokens, _ = load_split(data_dir, "val")
+    starts, positions = windows_of(report, 4 * L), [L, 2 * L + 5, 4 * L - 1]
+    expected = [np.mean([nll_of_last_token(model, tokens[s + p - L + 1:s + p + 2]) for s in starts]) for p in positions]
+    assert [crop[4 * L]["loss_by_position"][p] for p in positions] == pytest.approx(expected, abs=1e-4)
+
+
+def test_crop_of_a_learned_table_is_exact_truncation(learned_run, tmp_path):
+    rep = run(learned_run, tmp_path, "--lengths", "1,2", "--protocols", "windows")
+    crop = by(rep, "crop")[2 * L]
+    assert crop["available"] and not by(rep, "none")[2 * L]["available"]
+    model, _, data_dir = load_run(learned_run)
+    tokens, _ = load_split(data_dir, "val")
+    starts = windows_of(rep, 2 * L)
+    expected = [np.mean([nll_of_last_token(model, tokens[s + p - L + 1:s + p + 2]) for s in starts]) for p in (L, 2 * L - 1)]
+    assert [crop["loss_by_position"][p] for p in (L, 2 * L - 1)] == pytest.approx(expected, abs=1e-4)
+    first = [nll_of_last_token(model, tokens[s:s + 3]) for s in starts]  # position 1: two tokens seen
+    assert crop["loss_by_position"][1] == pytest.approx(np.mean(first), abs=1e-4)
+
+
+def test_sliding_with_stride_equal_to_length_is_non_overlapping_windows(rope_run):
+    model, _, data_dir = load_run(rope_run)
+    tokens, docs = load_split(data_dir, "val")
+    s, T = int(docs[0, 0]), 2 * L
+    nll, pos = score_sliding(model, tokens, s, 3 * T, T, T)
+    windows = score_windows(model, tokens, [s, s + T, s + 2 * T], T)
+    assert nll == pytest.approx(windows.reshape(-1), abs=1e-6) and list(pos) == list(range(T)) * 3
+
+
+@pytest.mark.parametrize("n, length, stride", [(100, 32, 16), (97, 32, 5), (64, 64, 7), (40, 32, 32)])
+def test_sliding_scores_every_token_once_with_at_least_length_minus_stride_before_it(n, length, stride):
+    plan = sliding_windows(n, length, stride)
+    targets = [t for start, k in plan for t in range(start + length - k, start + length)]
+    assert targets == list(range(n))  # every target once, in order
+    for start, k in plan[1:]:
+        assert start >= 0 and start + length <= n and length - k >= length - stride
+
+
+def test_logn_equals_none_up_to_L(report):
+    none, logn = by(report, "none")[4 * L], by(report, "logn")[4 * L]
+    assert logn["loss_by_position"][:L] == pytest.approx(none["loss_by_position"][:L], abs=1e-6)
+    ntk, both = by(report, "ntk")[4 * L], by(report, "ntk+logn")[4 * L]
+    assert both["loss_by_position"][:L] == pytest.approx(ntk["loss_by_position"][:L], abs=1e-6)
+    assert both["loss_beyond_train"] != pytest.approx(ntk["loss_beyond_train"], abs=1e-4)
+
+
+def test_log_bins_and_the_benchmark_line(rope_run, tmp_path, capsys):
+    rep = run(rope_run, tmp_path, "--lengths", "4", "--methods", "none,yarn", "--protocols", "windows", "--bins", "log")
+    x = by(rep, "yarn")[4 * L]["curve"]["x"]
+    assert x == sorted(x) and x[0] < 1 and x[-1] > 2 * L and len(x) > 10
+    out = capsys.readouterr().out
+    assert "2 evaluations in" in out and "yarn " in out and "none " in out
+    assert set(rep["seconds_by_method"]) == {"none", "yarn"}
 
 
 def test_windows_stay_inside_one_held_out_document(rope_run, report, tmp_path):
     _, docs = load_split(load_run(rope_run)[2], "val")
-    far = run(rope_run, tmp_path, "--lengths", "8,16", "--methods", "none", "--n_windows", "100")
+    far = run(rope_run, tmp_path, "--lengths", "8,16", "--methods", "none", "--tokens", "1000000")
     for rep in (report, far):
-        for length, starts in rep["windows"].items():
-            T = int(length)
-            inside = [(docs[:, 0] <= s) & (s + T + 1 <= docs[:, 1]) for s in starts]  # inputs + the shifted target
-            assert all(row.any() for row in inside), T
-    # fewer windows than asked: use what exists and say how many
-    n = by(far, "none")[16 * L]["n_windows"]
-    assert n == len(far["windows"][str(16 * L)]) == ((docs[:, 1] - docs[:, 0]) // (16 * L + 1)).sum() < 100
-
-
-def test_auto_windows_give_every_length_the_same_number_of_tokens(rope_run, tmp_path):
-    extrapolate.main([str(rope_run), "--out", str(tmp_path), "--lengths", "1,2,4", "--methods", "none", "--no-wandb"])
-    rep = json.loads((tmp_path / "extrapolation.json").read_text())
-    assert rep["n_windows_requested"] == "auto"
-    assert [(r["eval_len"], r["n_windows"]) for r in rep["results"]] == [(L, 16), (2 * L, 8), (4 * L, 4)]
+        for key, starts in rep["units"].items():
+            protocol, T = key.split()
+            entry = by(rep, "none", protocol=protocol)[int(T)]
+            n = entry["tokens"] // entry["n_units"]  # a window, or a sliding stretch
+            assert n == int(T) if protocol == "windows" else n >= min(2 * int(T), (docs[:, 1] - docs[:, 0]).max() - 1)
+            inside = [(docs[:, 0] <= s) & (s + n + 1 <= docs[:, 1]) for s in starts]  # inputs + the shifted target
+            assert all(row.any() for row in inside), key
+    # fewer windows than the budget asks for: use what exists and say how many
+    n = by(far, "none")[16 * L]["n_units"]
+    assert n == len(far["units"][f"windows {16 * L}"]) == ((docs[:, 1] - docs[:, 0]) // (16 * L + 1)).sum()
 
 
 def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
@@ -168,20 +261,21 @@ def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
 def test_none_evaluates_a_run_trained_with_a_scaling_as_trained(tmp_path_factory, dataset, tmp_path):
     trained_with = {"rope_type": "linear", "factor": 2.0}
     run_dir = trained(tmp_path_factory, dataset, "pi2", rope_scaling=trained_with)
-    rep = run(run_dir, tmp_path, "--lengths", "1,2", "--methods", "none,pi")
+    rep = run(run_dir, tmp_path, "--lengths", "1,2", "--methods", "none,pi", "--protocols", "windows")
     none, pi = by(rep, "none"), by(rep, "pi")
-    assert none[L]["rope_scaling"] == trained_with and none[L]["factor"] is None
-    assert pi[2 * L]["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    assert none[L]["positions"] == {} and none[L]["factor"] is None
+    assert pi[2 * L]["positions"]["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
     # PI at 2x replaces the trained factor 2 with the same factor 2: the same numbers as none
     assert pi[2 * L]["loss_by_position"] == pytest.approx(none[2 * L]["loss_by_position"], abs=1e-6)
     assert pi[L]["loss"] != pytest.approx(none[L]["loss"], abs=1e-6)  # factor 1 undoes the trained scaling
 
 
 def test_a_learned_table_is_not_available_past_its_size(learned_run, tmp_path, capsys):
-    rep = run(learned_run, tmp_path, "--lengths", "1,2", "--methods", "none,pi,yarn")
-    assert "RoPE methods (pi, yarn) do not apply; evaluating with none only" in capsys.readouterr().out
-    assert [(r["method"], r["eval_len"]) for r in rep["results"]] == [("none", L), ("none", 2 * L)]
-    at_1x, at_2x = rep["results"]
+    rep = run(learned_run, tmp_path, "--lengths", "1,2", "--methods", "none,pi,yarn,logn")
+    assert "RoPE methods (pi, yarn) do not apply; evaluating none, logn" in capsys.readouterr().out
+    assert [(r["protocol"], r["method"], r["eval_len"]) for r in rep["results"]] == [
+        (p, m, T) for p in ("windows", "sliding") for T in (L, 2 * L) for m in ("none", "logn")]
+    at_1x, at_2x = by(rep, "none")[L], by(rep, "none")[2 * L]
     assert at_1x["available"] and at_1x["loss"] > 0 and at_1x["reason"] is None
     assert not at_2x["available"] and "learned position table has 32 entries" in at_2x["reason"]
     assert all(at_2x[k] is None for k in LOSS_FIELDS)
@@ -201,9 +295,14 @@ def test_bad_input_is_a_one_line_error(rope_run, dataset, tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert "is corrupted or not a ropelab checkpoint" in error_of([str(tmp_path / "bad")])
-    assert "unknown --methods rope2; allowed: none, pi, ntk, dynamic-ntk, yarn" in error_of([str(rope_run), "--methods", "pi,rope2"])
+    assert ("unknown --methods rope2; allowed: none, crop, pi, ntk, dynamic-ntk, yarn, ntk-by-parts, llama3, logn, ntk+logn"
+            in error_of([str(rope_run), "--methods", "pi,rope2"]))
     assert "--factor must be >= 1, got 0.5" in error_of([str(rope_run), "--factor", "0.5"])
-    assert "length 32000 (windows of 32001 tokens): no window" in error_of([str(rope_run), "--lengths", "1,1000"])
+    assert "length 32000, windows protocol (units of 32001 tokens): no window" in error_of([str(rope_run), "--lengths", "1,1000"])
+    assert "unknown --protocols strided; allowed: windows, sliding" in error_of([str(rope_run), "--protocols", "strided"])
+    assert "--stride must be >= 1, got 0" in error_of([str(rope_run), "--stride", "0"])
+    assert "--stride 64 is longer than the evaluation length 32" in error_of([str(rope_run), "--lengths", "1", "--stride", "64"])
+    assert "unknown --bins 'square'; allowed: linear, log" in error_of([str(rope_run), "--bins", "square"])
     assert "unknown --dynamic_modes exact" in error_of([str(rope_run), "--dynamic_modes", "exact"])
 
 
@@ -230,7 +329,8 @@ def test_outputs_csv_png_and_table(report, rope_run, tmp_path):
     out = tmp_path / "o"
     run(rope_run, out, "--lengths", "1,2", "--methods", "none,dynamic-ntk", "--dynamic_modes", "causal")
     csv_rows = (out / "extrapolation.csv").read_text().splitlines()
-    assert csv_rows[0] == ",".join(extrapolate.CSV_FIELDS) and len(csv_rows) == 1 + 4
+    # windows: none, dynamic (causal); sliding: none, dynamic (sequence): x 2 lengths
+    assert csv_rows[0] == ",".join(extrapolate.CSV_FIELDS) and len(csv_rows) == 1 + 8
     assert (out / "extrapolation.png").stat().st_size > 10_000
     assert "dynamic-ntk (causal)" in extrapolate.table(report) and "2x=64" in extrapolate.table(report)
 
@@ -245,9 +345,10 @@ def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
     md = (tmp_path / "cmp.md").read_text()
     assert md == capsys.readouterr().out.split("-> ")[0]
     rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert rows == ["rope / none", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
-                    "rope / dynamic-ntk (causal)", "rope / yarn", "learned / none"]
-    assert "| learned / none | " in md and md.count("n/a") == 2  # learned at 2x and 4x
+    assert rows == ["rope / none", "rope / crop", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
+                    "rope / dynamic-ntk (causal)", "rope / yarn", "rope / ntk-by-parts", "rope / llama3", "rope / logn",
+                    "rope / ntk+logn", "learned / none", "learned / crop", "learned / logn"]
+    assert "| learned / none | " in md and md.count("n/a") == 4  # learned none and logn at 2x and 4x
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     with pytest.raises(SystemExit) as e:
         compare.main([str(tmp_path / "nothing")])

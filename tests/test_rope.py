@@ -1,10 +1,11 @@
 """RoPE math, each formula checked against an independent computation or a property."""
 import math
+import re
 
 import pytest
 import torch
 
-from rope import apply_rope, rope_cos_sin, rope_frequencies
+from rope import apply_rope, base_bound_curve, check_scaling, rope_cos_sin, rope_frequencies, smallest_base
 
 D, BASE, L = 32, 10000.0, 256
 STATIC = [None,
@@ -116,16 +117,159 @@ def test_yarn_attention_factor_scales_logits_by_its_square():
     assert ratio.item() == pytest.approx(factor ** 2, rel=1e-5)
 
 
+def llama3_by_definition(d, base, orig, factor, low_freq_factor, high_freq_factor):
+    # Llama 3.1's rule pair by pair, in float64 Python math; also returns which region each pair is in
+    freqs, regions = [], []
+    for i in range(d // 2):
+        freq = base ** (-2 * i / d)
+        wavelen = 2 * math.pi / freq
+        if wavelen < orig / high_freq_factor:
+            freqs.append(freq), regions.append("kept")
+        elif wavelen > orig / low_freq_factor:
+            freqs.append(freq / factor), regions.append("interpolated")
+        else:
+            smooth = (orig / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            freqs.append((1 - smooth) * freq / factor + smooth * freq), regions.append("blended")
+    return torch.tensor(freqs, dtype=torch.float64), regions
+
+
+@pytest.mark.parametrize("low_freq_factor, high_freq_factor", [(1.0, 4.0), (2.0, 8.0)])
+def test_llama3_matches_its_definition_pair_by_pair(low_freq_factor, high_freq_factor):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": L,
+               "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor}
+    expected, regions = llama3_by_definition(D, BASE, L, 8.0, low_freq_factor, high_freq_factor)
+    assert {"kept", "blended", "interpolated"} <= set(regions)  # every branch is exercised
+    inv_freq, attention = rope_frequencies(D, BASE, scaling)
+    assert torch.allclose(inv_freq.double(), expected, rtol=1e-6, atol=0) and attention == 1.0
+
+
+def test_llama3_keeps_highest_frequency_and_divides_lowest_by_factor():
+    scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": L}
+    inv_freq, _ = rope_frequencies(D, BASE, scaling)
+    default, _ = rope_frequencies(D, BASE)  # low_freq_factor 1 and high_freq_factor 4 by default
+    assert inv_freq[0] == default[0] == 1.0
+    assert torch.isclose(inv_freq[-1], default[-1] / 8.0, rtol=1e-6)
+
+
+def test_ntk_by_parts_is_yarn_frequencies_without_the_temperature():
+    s = 8.0
+    yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
+    yarn_freq, yarn_attention = rope_frequencies(D, BASE, yarn)
+    parts_freq, parts_attention = rope_frequencies(D, BASE, {**yarn, "attention_factor": 1.0})
+    assert torch.equal(parts_freq, yarn_freq)
+    assert parts_attention == 1.0
+    assert yarn_attention == pytest.approx(0.1 * math.log(s) + 1, rel=1e-12)
+
+
+def test_rope_parameters_dict_carries_the_base():
+    # transformers v5: the base travels in the dict as rope_theta, among keys this repo does not use
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L, "rope_theta": 500000.0,
+              "partial_rotary_factor": 1.0, "mscale": 1.0}
+    without_theta = {k: v for k, v in params.items() if k != "rope_theta"}
+    assert torch.equal(rope_frequencies(D, BASE, params)[0], rope_frequencies(D, 500000.0, without_theta)[0])
+
+
+def test_default_rope_parameters_with_theta_is_the_default_at_that_base():
+    params = {"rope_type": "default", "rope_theta": 500000.0}
+    assert check_scaling(params) == ("default", 1.0)
+    inv_freq, attention = rope_frequencies(D, BASE, params)
+    expected = torch.tensor([500000.0 ** (-2 * i / D) for i in range(D // 2)], dtype=torch.float64)
+    assert torch.allclose(inv_freq.double(), expected, rtol=1e-6, atol=0) and attention == 1.0
+
+
+def test_legacy_type_key_is_rope_type():
+    assert torch.equal(rope_frequencies(D, BASE, {"type": "linear", "factor": 4.0})[0],
+                       rope_frequencies(D, BASE, {"rope_type": "linear", "factor": 4.0})[0])
+
+
+def yarn_by_formula(low, high, d=D, base=BASE, factor=8.0):
+    # inv_freq_i = theta_i (1 - ramp_i) + theta_i / factor * ramp_i, ramp_i = clamp((i - low) / (high - low), 0, 1)
+    freqs = []
+    for i in range(d // 2):
+        theta, ramp = base ** (-2 * i / d), min(max((i - low) / (high - low), 0.0), 1.0)
+        freqs.append(theta * (1 - ramp) + theta / factor * ramp)
+    return torch.tensor(freqs, dtype=torch.float64)
+
+
+def test_yarn_ramp_at_every_pair():
+    # d = 32, base = 1e4, L = 256: correction dim(r) = d ln(L / (2 pi r)) / (2 ln base) = 16 ln(40.744 / r) / 9.2103
+    #   beta_fast = 32: 16 ln(1.27324) / 9.2103 = 16 * 0.241564 / 9.2103 = 0.41964 -> low = max(floor, 0) = 0
+    #   beta_slow = 1:  16 ln(40.7437) / 9.2103 = 16 * 3.707300 / 9.2103 = 6.44024 -> high = min(ceil, 31) = 7
+    # Neither is an integer, so floor and ceil differ at both ends and a swapped rounding changes the ramp.
+    for r, dim in [(32, 0.41964), (1, 6.44024)]:
+        assert D * math.log(L / (2 * math.pi * r)) / (2 * math.log(BASE)) == pytest.approx(dim, abs=1e-5)
+    scaling = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L}
+    assert torch.allclose(rope_frequencies(D, BASE, scaling)[0].double(), yarn_by_formula(0, 7), rtol=1e-6, atol=0)
+    # "truncate": False (transformers) keeps the exact bounds
+    exact = rope_frequencies(D, BASE, {**scaling, "truncate": False})[0].double()
+    assert torch.allclose(exact, yarn_by_formula(0.41964047, 6.44024039), rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("scaling, message", [
     ({"rope_type": "nope"}, "unknown rope_type 'nope'"),
     ({"rope_type": "linear", "factor": 0.5}, "factor must be a number >= 1, got 0.5"),
+    ({"rope_type": "linear", "factor": "4"}, "factor must be a number >= 1, got '4'"),
     ({"rope_type": "yarn", "factor": 2.0}, "needs 'original_max_position_embeddings'"),
+    ({"rope_type": "llama3", "factor": 8.0}, "needs 'original_max_position_embeddings'"),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": L, "low_freq_factor": 4.0,
+      "high_freq_factor": 1.0}, "high_freq_factor > low_freq_factor > 0, got high_freq_factor=1.0, low_freq_factor=4"),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": L, "low_freq_factor": 0},
+     "high_freq_factor > low_freq_factor > 0, got high_freq_factor=4.0, low_freq_factor=0"),
+    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": L, "attention_factor": 0},
+     "attention_factor must be a number > 0, got 0"),
+    ({"rope_type": "default", "rope_theta": "1e4"},
+     "rope_theta (the RoPE base) must be a number > 1, got '1e4'"),
+    ({"rope_type": "default", "rope_theta": 1}, "rope_theta (the RoPE base) must be a number > 1, got 1"),
+    ("yarn", "rope_scaling must be a dict or None, got 'yarn'; e.g. {'rope_type': 'yarn', 'factor': 4.0"),
 ])
 def test_bad_scaling_is_a_clear_error(scaling, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
         rope_frequencies(D, BASE, scaling)
+    assert "\n" not in str(error.value)
 
 
 def test_odd_head_dim_is_a_clear_error():
     with pytest.raises(ValueError, match="even head dimension, got head_dim=33"):
         rope_frequencies(33, BASE)
+
+
+@pytest.fixture
+def one_thread():
+    # the base scan is hundreds of small cos/sum ops: on a 2-core machine that is also training,
+    # OpenMP hand-offs between busy cores cost ten times the work itself
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_base_bound_curve_by_hand():
+    assert base_bound_curve(128, BASE, 10)[0] == 64  # B_0 = d / 2
+    # d = 4, base = 100: theta = [1, 100^(-1/2)] = [1, 0.1], B_10 = cos(10) + cos(1) = -0.2988
+    assert base_bound_curve(4, 100.0, 10)[10].item() == pytest.approx(math.cos(10) + math.cos(1), abs=1e-12)
+
+
+def test_smallest_base_is_a_scan_not_a_bisection():
+    # d = 2: B_m = cos(m) whatever the base; cos(1) > 0 but cos(2) < 0
+    assert smallest_base(2, 1) == 10.0
+    with pytest.raises(ValueError, match="no base in"):
+        smallest_base(2, 2, highest=1e4)
+    # passing bases are not an interval: at d = 128, 3.5e5 keeps B_m >= 0 up to 16384 but 3.6e5 does not
+    assert (base_bound_curve(128, 3.5e5, 16384) >= 0).all() and (base_bound_curve(128, 3.6e5, 16384) < 0).any()
+
+
+@pytest.mark.parametrize("context_len, found, below, paper", [(16384, 3.5e5, 3.4e5, 3.1e5),
+                                                             (32768, 6.3e5, 6.2e5, 6.4e5)])
+def test_smallest_base_for_llama_head_dim(one_thread, context_len, found, below, paper):
+    base = smallest_base(128, context_len)
+    assert base == found
+    assert (base_bound_curve(128, base, context_len)[1:] >= 0).all()
+    assert (base_bound_curve(128, below, context_len)[1:] < 0).any()  # the grid value just below fails
+    assert abs(base / paper - 1) < 0.15  # Men et al.'s Table 2, see below
+
+
+def test_paper_table_values_fail_the_bound_as_defined():
+    # Table 2 reads 16k -> 3.1e5 and 32k -> 6.4e5, but with B_m = sum cos(m base^(-2i/d)) both go negative before
+    # the context length (so the scan returns 3.5e5 and 6.3e5): the table was not made exactly this way
+    for m, base in [(12223, 3.1e5), (27685, 6.4e5)]:
+        assert sum(math.cos(m * base ** (-2 * i / 128)) for i in range(64)) < -0.3
