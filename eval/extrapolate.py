@@ -3,7 +3,7 @@ Loss by token position at and past the training length, with RoPE scaling applie
 
     python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,crop,pi,...]
         [--protocols windows,sliding] [--stride half|S] [--tokens N] [--bins linear|log] [--factor auto|S]
-        [--dynamic_factor A] [--dynamic_modes sequence,causal] [--seed 0] [--device auto|cpu|cuda]
+        [--dynamic_factor A] [--dynamic_modes sequence[,causal]] [--seed 0] [--device auto|cpu|cuda]
         [--out DIR] [--wandb_log true|false | --no-wandb]
 
 Writes extrapolation.json (everything, incl. the binned per-position curves and paired differences),
@@ -68,7 +68,8 @@ def parse_args(argv):
     p.add_argument("--bins", default="linear", help="position bins of the curves: linear (2%% of the length) or log")
     p.add_argument("--factor", default="auto", help="auto: eval_len / train_len at each length; or one number >= 1 for all")
     p.add_argument("--dynamic_factor", default="1", help="dynamic-ntk's extra NTK multiplier a (transformers' factor; 1 = plain)")
-    p.add_argument("--dynamic_modes", default=",".join(DYNAMIC_MODES), help="sequence (one forward, transformers) and/or causal (exact)")
+    p.add_argument("--dynamic_modes", default="sequence", help="sequence (one forward, as transformers; default) "
+                   "and/or causal (exact per position, O(T^2) and by far the slowest: opt in)")
     p.add_argument("--seed", default="0", help="seed of the window choice (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -76,6 +77,7 @@ def parse_args(argv):
     p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="same as --wandb_log false")
     a = p.parse_args(argv)
     args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device),
+                options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
                 methods=parse_list(a.methods, "methods", str, METHODS),
                 protocols=parse_list(a.protocols, "protocols", str, PROTOCOLS),
                 dynamic_modes=parse_list(a.dynamic_modes, "dynamic_modes", str, DYNAMIC_MODES),
@@ -379,7 +381,7 @@ def extrapolate(args):
     t0 = time.time()
     results, units = run_grid(model, tokens, docs, args, train_len)
     report = dict(train_len=train_len, pos_emb=pos_emb, run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
-                  checkpoint_iter=ckpt["iter_num"], seed=args["seed"], tokens_per_length=args["tokens"],
+                  checkpoint_iter=ckpt["iter_num"], options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"],
                   stride=args["stride"] or "half", bins=args["bins"], dataset=str(data_dir),
                   seconds=round(time.time() - t0, 1), seconds_by_method=timing(results), units=units, results=results)
     out = args["out"]

@@ -61,7 +61,9 @@ def run_one(config, seed, out, train_args, eval_args):
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
                                f"--wandb_group={out.name}", f"--wandb_run_name={name}", *resume, *train_args])
     report = run_dir / "extrapolation.json"
-    if not report.is_file() or load_report(run_dir)["checkpoint_iter"] != last_iter(run_dir)[0]:
+    current = report.is_file() and load_report(run_dir)
+    # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
+    if not current or (current["checkpoint_iter"], current.get("options")) != (last_iter(run_dir)[0], eval_args):
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args])
     else:
         print(f"study: {name}: trained and evaluated already")

@@ -52,7 +52,8 @@ def learned_run(tmp_path_factory, dataset):
 
 def run(run_dir, out, *argv):
     # 4 windows of the longest length 4L, and as many tokens at the shorter ones
-    extrapolate.main([str(run_dir), "--out", str(out), "--tokens", str(16 * L), "--no-wandb", *argv])
+    extrapolate.main([str(run_dir), "--out", str(out), "--tokens", str(16 * L), "--dynamic_modes", "sequence,causal",
+                      "--no-wandb", *argv])
     return json.loads((Path(out) / "extrapolation.json").read_text())
 
 

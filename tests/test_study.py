@@ -62,6 +62,10 @@ def test_a_study_trains_evaluates_aggregates_and_resumes(dataset, tmp_path, caps
     out = capsys.readouterr().out
     assert "tiny_rope_seed0: trained and evaluated already" in out and "study: evaluate tiny_rope_seed1" in out
     assert "study: train" not in out
+    # other evaluation options: every run is scored again, so that all seeds share the same windows
+    study.main(argv[:-1] + ["--lengths 1 --methods none,crop --tokens 128 --no-wandb"])
+    out = capsys.readouterr().out
+    assert out.count("study: evaluate") == 2 and "study: train" not in out
 
 
 def error_of(argv):
