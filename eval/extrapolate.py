@@ -312,10 +312,13 @@ def plot(report, path):
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = sorted({r["eval_len"] for r in entries})
     lens = [T for T in lens if T > L] or lens
-    fig, axes = plt.subplots(2, len(lens), figsize=(6.5 * len(lens), 8), squeeze=False, sharex="col",
-                             gridspec_kw=dict(height_ratios=[3, 2]))
-    for col, T in enumerate(lens):
-        top, bottom = axes[0, col], axes[1, col]
+    cols, rows = min(2, len(lens)), math.ceil(len(lens) / 2)  # per length: curves above, difference below
+    fig, axes = plt.subplots(2 * rows, cols, figsize=(8 * cols, 7.5 * rows), squeeze=False,
+                             gridspec_kw=dict(height_ratios=[3, 2] * rows))
+    for ax in axes[:, len(lens) % cols or cols:][-2:].flat:
+        ax.axis("off")  # an odd number of lengths leaves the last pair of panels empty
+    for k, T in enumerate(lens):
+        top, bottom = axes[2 * (k // cols), k % cols], axes[2 * (k // cols) + 1, k % cols]
         for i, r in enumerate(r for r in entries if r["eval_len"] == T):
             style = dict(color="k", ls="--") if r["method"] == "crop" else dict(color=f"C{i % 10}")
             if not r["available"]:
@@ -340,7 +343,7 @@ def plot(report, path):
         top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}); "
                  f"bands: one standard error over windows")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
