@@ -181,6 +181,8 @@ def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kw
         return nll, np.broadcast_to(np.arange(n), nll.shape)
     scored = [score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts]
     return np.stack([a for a, _ in scored]), np.stack([p for _, p in scored])
+
+
 # ----------------------------------------------------------------------------- summaries
 
 def mean_stderr(per_unit):
@@ -240,7 +242,7 @@ def run_grid(model, tokens, docs, args, train_len):
     for protocol, T, method, mode in tqdm(grid(args["methods"], args["protocols"], args["dynamic_modes"], eval_lens),
                                           desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
-        if method == "none":
+        if method in ANY_POSITIONS:  # none, crop and logn have no RoPE factor
             factor = None
         else:  # auto: the factor that maps this length back onto the training length (never below 1)
             factor = args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"] or max(1.0, T / train_len)
