@@ -172,9 +172,9 @@ def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kw
     """(NLL [units, n], window position of every scored target [units, n])."""
     L = model.config.block_size
     if protocol == "windows" and method == "crop" and model.config.pos_emb in ("learned", "sinusoidal"):
-        # absolute positions: the exact crop is truncation, each target predicted from its last L tokens
-        # at positions 0..L-1 (a window of L per target beyond L)
-        nll = np.stack([score_sliding(model, tokens, s, n, min(L, n), 1)[0] for s in starts])
+        # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1
+        # to L tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
+        nll = np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])
         return nll, np.broadcast_to(np.arange(n), nll.shape)
     if protocol == "windows":
         nll = score_windows(model, tokens, starts, n, **kwargs)
