@@ -80,3 +80,14 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     assert "config file configs/nope.py not found" in error_of(["configs/nope.py"])
     assert "--seeds must be >= 1, got 0" in error_of(["configs/rope_small.py", "--seeds", "0"])
     assert "--seeds 'two' is not an integer" in error_of(["configs/rope_small.py", "--seeds", "two"])
+
+
+def test_the_study_logs_to_wandb_offline_without_a_login(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    rows = study.aggregate({"rope_small": [fake_report(4.0, 3.5), fake_report(4.2, 3.6)]})
+    study.plot(rows, tmp_path / "study.png")
+    study.log_wandb(dict(configs=["rope_small"], seeds=2, rows=rows), tmp_path / "mystudy", tmp_path / "study.png",
+                    study.markdown(rows, 2))
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
