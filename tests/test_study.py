@@ -89,5 +89,7 @@ def test_the_study_logs_to_wandb_offline_without_a_login(tmp_path, monkeypatch):
     study.plot(rows, tmp_path / "study.png")
     study.log_wandb(dict(configs=["rope_small"], seeds=2, rows=rows), tmp_path / "mystudy", tmp_path / "study.png",
                     study.markdown(rows, 2))
+    import wandb
+    wandb.teardown()  # wandb keeps process-wide settings (its dir) from the first init: leave none behind
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
