@@ -142,11 +142,12 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
+    names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
     fig, axes = plt.subplots(2, len(configs), figsize=(5.5 * len(configs), 8), squeeze=False, sharex=True)
     for col, config in enumerate(configs):
-        for i, name in enumerate(dict.fromkeys(label(r) for r in rows if r["config"] == config)):
+        for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
             pts = sorted((r["eval_len"] / r["train_len"], r) for r in rows if r["config"] == config and label(r) == name)
-            style = dict(color="k", ls="--") if name == "crop" else dict(color=f"C{i % 10}")
+            style = dict(color="k", ls="--") if name == "crop" else dict(color=f"C{names.index(name) % 10}")
             for ax, metric, tf in ((axes[0, col], "loss", math.exp), (axes[1, col], "diff_crop", lambda x: x)):
                 p = [(m, r[metric]) for m, r in pts if r[metric] is not None]
                 if not p:
