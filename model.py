@@ -58,6 +58,8 @@ class GPTConfig:
 class Rotary(NamedTuple):
     inv_freq: torch.Tensor  # [1 or T queries, head_dim / 2]
     attention_factor: float  # multiplies cos and sin (YaRN's temperature)
+    cos: torch.Tensor  # [T, head_dim / 2] of row 0 of inv_freq, once per forward for every layer
+    sin: torch.Tensor
 
 
 class KVCache:
@@ -143,9 +145,8 @@ class CausalSelfAttention(nn.Module):
                                          visible(T, Tk, window, x.device), self.layout)
         else:
             if rope is not None:
-                cos, sin = rope_cos_sin(rope.inv_freq[0], torch.arange(Tk, device=x.device), rope.attention_factor)
-                q = apply_rope(q, cos[Tk - T:], sin[Tk - T:], self.layout)
-                k = apply_rope(k, cos, sin, self.layout)
+                q = apply_rope(q, rope.cos[Tk - T:], rope.sin[Tk - T:], self.layout)
+                k = apply_rope(k, rope.cos, rope.sin, self.layout)
             mask = None if plain and (T == Tk or T == 1) else visible(T, Tk, window, x.device)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=self.dropout if self.training else 0.0)
@@ -215,7 +216,9 @@ class GPT(nn.Module):
         scaling = cfg.full_rope_scaling(scaling)
         lengths = range(1, seq_len + 1) if causal_dynamic else [seq_len]
         freqs = [rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, scaling, seq_len=n) for n in lengths]
-        return Rotary(torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1])
+        inv_freq, attention_factor = torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1]
+        cos, sin = rope_cos_sin(inv_freq[0], torch.arange(seq_len, device=device), attention_factor)
+        return Rotary(inv_freq, attention_factor, cos, sin)
 
     def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, logn_len=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given).

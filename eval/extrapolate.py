@@ -32,6 +32,7 @@ from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
 METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
 ANY_POSITIONS = ("none", "crop", "logn")  # the others rescale RoPE: nothing to scale without it
+ABSOLUTE = ("learned", "sinusoidal")  # position encodings added to the input: crop is truncation for them
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
@@ -137,8 +138,7 @@ def positions(method, factor, train_len):
 def unavailable(model, method, protocol, eval_len):
     """Why this entry cannot be scored, or None: an explicit check, never a caught exception."""
     cfg = model.config
-    absolute = cfg.pos_emb in ("learned", "sinusoidal")
-    if method == "crop" and absolute and protocol == "sliding" and eval_len > cfg.block_size:
+    if method == "crop" and cfg.pos_emb in ABSOLUTE and protocol == "sliding" and eval_len > cfg.block_size:
         return "crop of an absolute encoding is per-token truncation, reported under the windows protocol"
     if cfg.pos_emb == "learned" and eval_len > cfg.block_size and method != "crop":
         return (f"learned position table has {cfg.block_size} entries; cannot encode position "
@@ -171,7 +171,7 @@ def choose_units(docs, protocol, eval_len, tokens, seed):
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs):
     """(NLL [units, n], window position of every scored target [units, n])."""
     L = model.config.block_size
-    if protocol == "windows" and method == "crop" and model.config.pos_emb in ("learned", "sinusoidal"):
+    if protocol == "windows" and method == "crop" and model.config.pos_emb in ABSOLUTE:
         # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1
         # to L tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
         nll = np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])

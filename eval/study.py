@@ -60,10 +60,11 @@ def run_one(config, seed, out, train_args, eval_args):
         resume = ["--init_from=resume"] if done else []
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
                                f"--wandb_group={out.name}", f"--wandb_run_name={name}", *resume, *train_args])
+        done = last_iter(run_dir)
     report = run_dir / "extrapolation.json"
     current = report.is_file() and load_report(run_dir)
     # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
-    if not current or (current["checkpoint_iter"], current.get("options")) != (last_iter(run_dir)[0], eval_args):
+    if not current or (current["checkpoint_iter"], current.get("options")) != (done[0], eval_args):
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args])
     else:
         print(f"study: {name}: trained and evaluated already")
@@ -160,7 +161,7 @@ def plot(rows, path):
         top, bottom = axes[0, col], axes[1, col]
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
         bottom.axhline(0, color="grey", lw=0.8)
-        bottom.set(xscale="log", xlabel="eval length / training length", ylabel="loss minus crop (nats)")
+        bottom.set(xlabel="eval length / training length", ylabel="loss minus crop (nats)")
         bottom.set_xscale("log", base=2)
         top.legend(fontsize=7, ncol=2)
     fig.suptitle("mean over seeds, error bars: 95% t-interval; below 0 in the lower row: better than cropping")
