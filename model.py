@@ -1,6 +1,7 @@
 """
 A small GPT (decoder-only transformer) with a choice of position encoding:
-learned (GPT-2), sinusoidal (Vaswani et al.), rope (Su et al.) or none (NoPE).
+learned (GPT-2), sinusoidal (Vaswani et al.), rope (Su et al.; p-RoPE with rope_fraction < 1,
+Barbero et al. 2024), alibi (Press et al. 2022) or none (NoPE).
 nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
 import math
@@ -11,9 +12,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from rope import LAYOUTS, apply_rope, check_scaling, rope_cos_sin, rope_frequencies
+from rope import LAYOUTS, apply_rope, check_scaling, rope_cos_sin, rope_frequencies, rotating_pairs
 
-POS_EMBS = ("learned", "sinusoidal", "rope", "none")
+POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
 
 @dataclass
@@ -28,6 +29,9 @@ class GPTConfig:
     rope_base: float = 10000.0
     rope_layout: str = "half"
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
+    # p-RoPE: the fraction of the head_dim/2 pairs that rotate (the highest frequencies); None rotates all.
+    # None rather than 1.0 so that checkpoints from before this key resume with train.py's equality check
+    rope_fraction: float | None = None
 
     def __post_init__(self):
         small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
@@ -43,6 +47,12 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"RoPE needs an even head dimension, got n_embd/n_head = {self.n_embd // self.n_head}")
+        if self.pos_emb == "alibi" and self.rope_scaling is not None:
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to scale")
+        if self.rope_fraction is not None and self.pos_emb != "rope":
+            raise ValueError(f"rope_fraction={self.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {self.pos_emb!r}")
+        if self.pos_emb == "rope":
+            rotating_pairs(self.n_embd // self.n_head, self.rope_fraction)  # validates it
         self.full_rope_scaling()  # validates it
 
     def full_rope_scaling(self, scaling=None):
@@ -92,6 +102,26 @@ def visible(T, Tk, window, device):
     return (k <= q) & (k > q - window) if window else k <= q
 
 
+def alibi_slopes(n_head):
+    """ALiBi's per-head slopes (Press et al. 2022). For n heads a power of two, the geometric sequence
+    2^(-8/n), 2^(-16/n), ..., 2^(-8). Otherwise the slopes of the power of two p just below n, then every
+    other slope of 2p (its 1st, 3rd, 5th, ...) for the n - p heads left, as the authors' code does: the
+    extra heads get slopes between p's, not a sequence with another ratio."""
+    def geometric(n):
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+    p = 2 ** math.floor(math.log2(n_head))
+    return torch.tensor(geometric(p) + geometric(2 * p)[0::2][:n_head - p])
+
+
+def alibi_bias(slopes, T, Tk, window, device):
+    """ALiBi as a float attention mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) for each key
+    j that query i (the i-th of the T newest of Tk positions) sees, -inf for the others (causal, and the
+    window when set)."""
+    distance = torch.arange(Tk - T, Tk, device=device)[:, None] - torch.arange(Tk, device=device)
+    bias = -slopes.to(device)[:, None, None] * distance
+    return bias.masked_fill(~visible(T, Tk, window, device), float("-inf"))
+
+
 def logn_scale(positions, train_len):
     # log-n scaling (Su 2023): a query that sees n > L tokens gets its logits scaled by log(n) / log(L),
     # exactly 1 up to L, so attention entropy stays near what training saw
@@ -131,7 +161,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope, cache, window, logn_len):
+    def forward(self, x, rope, alibi, cache, window, logn_len):
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         if cache is not None:
@@ -147,7 +177,10 @@ class CausalSelfAttention(nn.Module):
             if rope is not None:
                 q = apply_rope(q, rope.cos[Tk - T:], rope.sin[Tk - T:], self.layout)
                 k = apply_rope(k, rope.cos, rope.sin, self.layout)
-            mask = None if plain and (T == Tk or T == 1) else visible(T, Tk, window, x.device)
+            if alibi is not None:  # the bias carries the causal and window masks too
+                mask = alibi.to(q.dtype)
+            else:
+                mask = None if plain and (T == Tk or T == 1) else visible(T, Tk, window, x.device)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -175,8 +208,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, cache, window, logn_len):
-        x = x + self.attn(self.ln_1(x), rope, cache, window, logn_len)
+    def forward(self, x, rope, alibi, cache, window, logn_len):
+        x = x + self.attn(self.ln_1(x), rope, alibi, cache, window, logn_len)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -215,7 +248,8 @@ class GPT(nn.Module):
         cfg = self.config
         scaling = cfg.full_rope_scaling(scaling)
         lengths = range(1, seq_len + 1) if causal_dynamic else [seq_len]
-        freqs = [rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, scaling, seq_len=n) for n in lengths]
+        freqs = [rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, scaling, seq_len=n, fraction=cfg.rope_fraction)
+                 for n in lengths]
         inv_freq, attention_factor = torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1]
         cos, sin = rope_cos_sin(inv_freq[0], torch.arange(seq_len, device=device), attention_factor)
         return Rotary(inv_freq, attention_factor, cos, sin)
@@ -229,6 +263,8 @@ class GPT(nn.Module):
         B, T = idx.size()
         if causal_dynamic and cache is not None:
             raise ValueError("causal_dynamic is for a full forward; a KV cache is already causal")
+        if rope_scaling is not None and self.config.pos_emb == "alibi":
+            raise ValueError(f"rope_scaling={rope_scaling!r} given to an ALiBi model: ALiBi has no rotation to scale")
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)
@@ -242,9 +278,11 @@ class GPT(nn.Module):
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
         rope = self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope" else None
+        alibi = (alibi_bias(alibi_slopes(self.config.n_head), T, start + T, window, idx.device)
+                 if self.config.pos_emb == "alibi" else None)  # once per forward, for every layer
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, rope, cache, window, logn_len)
+            x = block(x, rope, alibi, cache, window, logn_len)
         if cache is not None:
             cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -265,17 +303,34 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **positions):
         """Sample max_new_tokens after idx [B, T] with a KV cache (no cropping: past block_size the
-        position encoding extrapolates, which is the point of this project)."""
+        position encoding extrapolates, which is the point of this project). positions: how every step
+        treats positions (GPT.forward's rope_scaling, window, logn_len), as in the evaluation."""
         cache = KVCache(self.config.n_layer)
-        logits, _ = self(idx, cache=cache)
+        logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), positions.get("rope_scaling"))], cache=cache, **positions)
+        for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
+            logits, _ = self(idx[:, t:t + 1], cache=cache, **positions)
         for _ in range(max_new_tokens):
-            logits = logits[:, -1, :] / max(temperature, 1e-8)
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx_next = sample_next(logits[:, -1, :], temperature, top_k)
             idx = torch.cat((idx, idx_next), dim=1)
-            logits, _ = self(idx_next, cache=cache)
+            logits, _ = self(idx_next, cache=cache, **positions)
         return idx
+
+    def exact_prefill(self, T, rope_scaling):
+        """How many of T prompt tokens one forward can take exactly. All of them unless the scaling is dynamic:
+        its frequencies follow the length of the forward, so past the original length one forward would give
+        every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
+        scaling = self.config.full_rope_scaling(rope_scaling) if self.config.pos_emb == "rope" else None
+        if check_scaling(scaling)[0] == "dynamic":
+            return min(T, scaling["original_max_position_embeddings"])
+        return T
+
+
+def sample_next(logits, temperature=1.0, top_k=None):
+    """One token id per row [B, 1] from logits [B, vocab]: divided by the temperature, cut to the top_k."""
+    logits = logits.float() / max(temperature, 1e-8)
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

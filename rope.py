@@ -8,7 +8,9 @@ Keys a method does not use are ignored, as transformers dicts carry others (msca
 NTK-by-parts is YaRN without its temperature: a yarn dict with "attention_factor": 1.0.
 Each method is one small function returning (inv_freq, attention_factor); the attention factor
 multiplies both cos and sin, as in `transformers`, so attention logits get its square.
+p-RoPE (a `fraction` of the pairs rotating) applies on top of any scaling: see rotating_pairs.
 References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), Llama 3.1 (Meta 2024),
+p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024),
 base lower bound (Men et al., "Base of RoPE Bounds Context Length", NeurIPS 2024).
 """
 import math
@@ -116,10 +118,24 @@ def check_scaling(scaling):
     return rope_type, float(factor)
 
 
-def rope_frequencies(head_dim, base, scaling=None, seq_len=None):
+def rotating_pairs(head_dim, fraction):
+    """p-RoPE (Barbero et al. 2024): how many of the head_dim / 2 pairs rotate, round(fraction * head_dim / 2)
+    (Python's round), the highest frequencies; None is plain RoPE, every pair."""
+    if fraction is None:
+        return head_dim // 2
+    if not (is_number(fraction) and 0 < fraction <= 1):
+        raise ValueError(f"rope_fraction must be a number in (0, 1] (or None: every pair rotates), got {fraction!r}")
+    n = round(fraction * (head_dim // 2))
+    if n < 1:
+        raise ValueError(f"rope_fraction={fraction!r} rotates round({fraction!r} * {head_dim // 2}) = 0 of the "
+                         f"{head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or pos_emb='none')")
+    return n
+
+
+def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict.
     seq_len is the length of the sequence being processed; only `dynamic` uses it. A "rope_theta" in the dict
-    (transformers v5 rope_parameters) replaces `base`."""
+    (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating pairs (None: all)."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
     rope_type, factor = check_scaling(scaling)
@@ -142,6 +158,11 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None):
                                  scaling.get("truncate", True))
         # validated > 0 when given, so only a missing one falls back to YaRN's temperature
         attention_factor = scaling.get("attention_factor") or yarn_attention_factor(factor)
+    # p-RoPE: the method scales the frequencies exactly as for full RoPE (its formulas keep the full head_dim,
+    # so every rotating pair gets what it would get there), then the lowest pairs are set to 0: an unrotated
+    # pair carries no position, so there is nothing on it to scale. YaRN's temperature still multiplies it,
+    # since it is meant for the whole logit.
+    inv_freq[rotating_pairs(head_dim, fraction):] = 0
     return inv_freq.float(), float(attention_factor)
 
 
@@ -171,14 +192,21 @@ def base_bound_curve(head_dim, base, max_len, start=0):
     return torch.cos(m[:, None] * default_inv_freq(head_dim, base)).sum(-1)
 
 
-def base_passes(head_dim, base, context_len):
-    # B_m >= 0 for every m in 1 .. context_len; in doubling chunks, as most bases of a scan fail early
+def first_negative(head_dim, base, max_len):
+    """The first distance m in 1 .. max_len with B_m < 0 (where the bound fails), or None if there is none.
+    In doubling chunks: most bases of a scan fail early."""
     start, size = 1, 256
-    while start <= context_len:
-        if (base_bound_curve(head_dim, base, min(start + size - 1, context_len), start) < 0).any():
-            return False
+    while start <= max_len:
+        negative = (base_bound_curve(head_dim, base, min(start + size - 1, max_len), start) < 0).nonzero()
+        if len(negative):
+            return start + int(negative[0])
         start, size = start + size, 2 * size
-    return True
+    return None
+
+
+def base_passes(head_dim, base, context_len):
+    # B_m >= 0 for every m in 1 .. context_len
+    return first_negative(head_dim, base, context_len) is None
 
 
 def two_digit_bases(lowest, highest):
@@ -205,3 +233,4 @@ def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
         if base_passes(head_dim, base, context_len):
             return base
     raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
+

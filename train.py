@@ -8,6 +8,7 @@ A config file is plain Python assignments over DEFAULTS below; --key=value overr
 An unknown key, a wrong type or an invalid choice is a one-line error.
 """
 import ast
+import json
 import math
 import os
 import sys
@@ -21,7 +22,9 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.dataset import get_batch, load_meta, load_split
+from data.synthetic import copy_rows, mix_repeats, random_vocab
 from model import GPT, GPTConfig
+from rope import first_negative
 from runtime import (autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device,
                      run_cli, save_checkpoint)
 
@@ -44,6 +47,12 @@ DEFAULTS = dict(
     dataset="shakespeare",
     batch_size=16,
     gradient_accumulation_steps=1,  # per process
+    # synthetic retrieval (data/synthetic.py): this fraction of each batch gets a segment of
+    # retrieval_segment random tokens repeated at a random distance up to block_size; with it, every
+    # evaluation also measures copying (top-1 on the repeat) at distances inside block_size
+    retrieval_mix=0.0,
+    retrieval_segment=32,
+    retrieval_vocab=0,  # the random tokens are ids 0 .. retrieval_vocab-1 (0: the whole vocabulary but EOT)
     # model: block_size (the training length), n_layer, n_head, n_embd, dropout, pos_emb, rope_base,
     # rope_layout, rope_scaling, with GPTConfig's defaults (model.py)
     **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},
@@ -64,7 +73,7 @@ DEFAULTS = dict(
     seed=1337,
 )
 CHOICES = dict(init_from=("scratch", "resume"), dtype=("auto", "float32", "bfloat16", "float16"))
-POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval")
+POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
 
 
 # ----------------------------------------------------------------------------- config
@@ -80,6 +89,8 @@ def set_key(config, key, value, source):
         raise ValueError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
     if key in CHOICES and value not in CHOICES[key]:
         raise ValueError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
+    if key == "retrieval_mix" and value > 1:
+        raise ValueError(f"retrieval_mix={value!r} (from {source}) is a fraction of each batch: use 0..1")
     if key == "device" and value.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
         raise ValueError(f"device={value!r} (from {source}) is not one of: auto, cpu, cuda, cuda:N, mps")
     config[key] = float(value) if type(default) is float else value
@@ -112,6 +123,9 @@ def load_config(argv):
     if not config["wandb_run_name"]:
         config["wandb_run_name"] = Path(config["out_dir"]).name
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
+    if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
+        raise ValueError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
+                         f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
     return config
 
 
@@ -128,6 +142,20 @@ def lr_at(it, c):
         return c["min_lr"]
     ratio = (it - c["warmup_iters"]) / max(1, c["lr_decay_iters"] - c["warmup_iters"])
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
+
+
+def base_bound_note(cfg, eval_multiple=16):
+    """A line when the RoPE base is below Men et al.'s bound (B_m < 0 somewhere) for the training length or
+    for the lengths the extrapolation evaluates (up to eval_multiple x by default), else None."""
+    if cfg.pos_emb != "rope":
+        return None
+    L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
+    m = first_negative(head_dim, cfg.rope_base, eval_multiple * L)
+    if m is None:
+        return None
+    reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
+    return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: "
+            f"B_m < 0 from distance {m}, head dim {head_dim} (python eval/base_bound.py --head_dim {head_dim})")
 
 
 def prepare_if_missing(dataset):
@@ -148,8 +176,19 @@ def resume(config, out_dir, meta, device):
     return ckpt
 
 
+def train_batch(tokens, config, rng, vocab_size):
+    x, y = get_batch(tokens, config["batch_size"], config["block_size"], rng)
+    if not config["retrieval_mix"]:
+        return x, y
+    rows = mix_repeats(torch.cat((x, y[:, -1:]), dim=1).numpy(), rng, config["retrieval_mix"],
+                       config["retrieval_segment"], random_vocab(config["retrieval_vocab"], vocab_size))
+    return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
+
+
 @torch.no_grad()
-def estimate_loss(model, splits, config, ctx, device):
+def estimate_loss(model, splits, config, ctx, device, vocab_size):
+    """Mean loss on fixed batches of each split (plain text), and with retrieval_mix the top-1 accuracy of
+    copying a random segment at distances spread over [segment, block_size] in held-out text."""
     model.eval()
     rng = np.random.default_rng(0)  # the same batches at every evaluation, so the curve is not noise
     losses = {}
@@ -160,6 +199,14 @@ def estimate_loss(model, splits, config, ctx, device):
             with ctx:
                 total += model(x, y)[1].item()
         losses[split] = total / config["eval_iters"]
+    if config["retrieval_mix"]:
+        k, n = config["retrieval_segment"], config["block_size"] + 1
+        x, y = get_batch(splits["val"], 4 * config["batch_size"], config["block_size"], rng)
+        rows = torch.from_numpy(copy_rows(torch.cat((x, y[:, -1:]), dim=1).numpy(), rng, k,
+                                          np.linspace(k, n - k, len(x)).round(), random_vocab(config["retrieval_vocab"], vocab_size))).to(device)
+        with ctx:
+            logits, _ = model(rows[:, :-1])
+        losses["copy_top1"] = (logits[:, n - k:].argmax(-1) == rows[:, n - k + 1:]).float().mean().item()
     model.train()
     return losses
 
@@ -222,6 +269,8 @@ def train(config):
         out_dir.mkdir(parents=True, exist_ok=True)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
               f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
+        if base_bound_note(gptconf):
+            print(base_bound_note(gptconf))
         if config["wandb_log"]:
             run = init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
 
@@ -239,11 +288,14 @@ def train(config):
             group["lr"] = lr
         if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
             if master:
-                losses = estimate_loss(raw_model, splits, config, ctx, device)
+                losses = estimate_loss(raw_model, splits, config, ctx, device, meta["vocab_size"])
                 best_val_loss = min(best_val_loss, losses["val"])
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                copy = f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else ""
+                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
+                with open(out_dir / "log.jsonl", "a") as f:  # the eval curve, readable without wandb
+                    f.write(json.dumps({"iter": iter_num, **losses}) + "\n")
                 if run:
-                    run.log({"iter": iter_num, "train/loss": losses["train"], "val/loss": losses["val"], "lr": lr})
+                    run.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in splits else f"val/{k}": v for k, v in losses.items()}})
                 if iter_num > 0:
                     checkpoint()
             t0 = time.time()  # evaluation time is not training throughput
@@ -252,7 +304,7 @@ def train(config):
         for micro in range(gas):
             if ddp:  # all-reduce gradients on the last micro step only
                 model.require_backward_grad_sync = micro == gas - 1
-            x, y = (t.to(device) for t in get_batch(splits["train"], config["batch_size"], config["block_size"], rng))
+            x, y = (t.to(device) for t in train_batch(splits["train"], config, rng, meta["vocab_size"]))
             with ctx:
                 _, loss = model(x, y)
                 loss = loss / gas

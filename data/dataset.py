@@ -5,7 +5,8 @@ training batches and evaluation windows.
 A prepared dataset directory holds:
   train.bin, val.bin            uint16 tokens: documents concatenated, each followed by one EOT
   train_docs.npy, val_docs.npy  int64 (n_docs, 2): [start, end) of each document's tokens (EOT excluded)
-  meta.json                     tokenizer, splits, source, sizes + sha256 of every file above
+  meta.json                     tokenizer, splits (tokens, documents, and their names for a corpus of
+                                named files), source, sizes + sha256 of every file above
 
 meta.json is written last, so "meta.json present and every checksum matches" means
 the output is complete; anything else is redone by the prepare scripts.
@@ -13,6 +14,11 @@ the output is complete; anything else is redone by the prepare scripts.
 import hashlib
 import io
 import json
+import os
+import time
+from array import array
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +32,7 @@ SPLITS = ("train", "val")
 # GPT-2 BPE cut to its first 2047 merges + EOT: the output layer is the costliest part of a small
 # model on a CPU, and 2048 was ~2x faster than 8192 for the small configs (README)
 VOCAB_SIZE = 2048
+CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
 
 
 # -----------------------------------------------------------------------------
@@ -46,9 +53,16 @@ def split_documents(names, val_fraction=0.1, seed=0):
     return train, val
 
 
-def _write_file(path, data: bytes):
-    write_atomic(path, lambda f: f.write(data))
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+def val_by_hash(key: str, val_fraction: float, seed: int = 0) -> bool:
+    """Whether the document with this key is held out: a hash of (seed, key) against val_fraction.
+
+    For streamed corpora, whose document count is unknown until the end: each document is placed as it
+    is read, about val_fraction of them land in val, and which ones does not depend on the order, the
+    number of documents or the number of workers (adding a file moves no other document)."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < val_fraction * 2**64
 
 
 def _npy_bytes(arr):
@@ -57,34 +71,118 @@ def _npy_bytes(arr):
     return buf.getvalue()
 
 
-def _tokenize_split(enc, docs, names, split):
-    """Token ids of the split's documents (each followed by EOT) and their [start, end) bounds."""
-    chunks, bounds, pos = [], [], 0
-    for name in tqdm(names, desc=f"tokenizing {split}", unit="doc", leave=False):
-        ids = enc.encode_ordinary(docs[name])  # ordinary: a literal "<|endoftext|>" in the text is just text
-        bounds.append((pos, pos + len(ids)))
-        chunks.append(np.asarray(ids, dtype=np.uint16))
-        chunks.append(np.array([enc.eot_token], dtype=np.uint16))
-        pos += len(ids) + 1
-    return np.concatenate(chunks), np.array(bounds, dtype=np.int64).reshape(-1, 2)
+def _write_synced(path, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def write_dataset(docs: dict[str, str], out_dir, vocab_size: int, val_fraction: float = 0.1, seed: int = 0,
-                  source: dict | None = None) -> dict:
-    """Tokenize {name: text} documents into out_dir (see module docstring); returns the meta dict."""
+def _chunks(docs, chunk_chars):
+    """Consecutive lists of (split, name, text) documents of about chunk_chars characters each."""
+    chunk, size = [], 0
+    for doc in docs:
+        chunk.append(doc)
+        size += len(doc[2])
+        if size >= chunk_chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _tokenize_chunk(enc, chunk):
+    # encode_ordinary: a literal "<|endoftext|>" in the text is just text; ids < 50257 fit in uint16
+    return [(split, name, np.asarray(enc.encode_ordinary(text), dtype=np.uint16)) for split, name, text in chunk]
+
+
+def _tokenized(enc, docs, workers):
+    """[(split, name, tokens)] chunk after chunk, in input order, tokenized by `workers` threads (tiktoken
+    releases the GIL while it encodes, so threads run in parallel without pickling any text). At most
+    2 * workers chunks are in flight: memory stays bounded whatever the size of the corpus."""
+    with ThreadPoolExecutor(workers) as pool:
+        pending = deque()
+        for chunk in _chunks(docs, CHUNK_CHARS):
+            pending.append(pool.submit(_tokenize_chunk, enc, chunk))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _append_tokens(enc, docs, bin_paths, workers, keep_names):
+    """Write each (split, name, text) document's tokens and one EOT to its split's file, as they come.
+    Returns per split: tokens written, their sha256, the flat [start, end, ...] bounds and the names."""
+    eot = np.array([enc.eot_token], dtype=np.uint16).tobytes()
+    stats = {s: {"tokens": 0, "sha256": hashlib.sha256(), "bounds": array("q"), "names": []} for s in SPLITS}
+    with open(bin_paths["train"], "wb") as train, open(bin_paths["val"], "wb") as val, \
+            tqdm(desc="tokenizing", unit="tok", unit_scale=True, disable=None) as bar:  # no bar if not a TTY
+        files = {"train": train, "val": val}
+        for chunk in _tokenized(enc, docs, workers):
+            for split, name, ids in chunk:
+                data, st = ids.tobytes() + eot, stats[split]
+                files[split].write(data)
+                st["sha256"].update(data)
+                st["bounds"].extend((st["tokens"], st["tokens"] + len(ids)))  # 16 bytes a document
+                st["tokens"] += len(ids) + 1
+                if keep_names:
+                    st["names"].append(name)
+                bar.update(len(ids) + 1)
+        for f in files.values():
+            f.flush()
+            os.fsync(f.fileno())
+    return stats
+
+
+def write_documents(docs, out_dir, vocab_size: int, source: dict | None = None, val_fraction: float = 0.1,
+                    seed: int = 0, workers: int = 1, keep_names: bool = False) -> dict:
+    """Tokenize a stream of (split, name, text) documents into out_dir (see module docstring); returns meta.
+
+    Only the document bounds are held in memory: tokens go to temp files as they come. When the whole
+    stream is written, the old meta.json is removed, the temp files are renamed into place and the new
+    meta.json is written, so an error or a crash half-way leaves the previous dataset, or nothing, never
+    a folder that is_prepared() accepts. keep_names records the documents' names in meta.json (for a
+    corpus of named files, not a stream of millions of records)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} is not allowed; use an integer >= 1")
     enc = gpt2_tokenizer(vocab_size)  # validates vocab_size; ids < 50257 fit in uint16
-    train_names, val_names = split_documents(docs, val_fraction, seed)
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    # drop the old meta.json first: a crash below must not leave it vouching for a half-rewritten dir
-    (out_dir / "meta.json").unlink(missing_ok=True)
-    files, splits = {}, {}
-    for split, names in (("train", train_names), ("val", val_names)):
-        tokens, bounds = _tokenize_split(enc, docs, names, split)
-        files[f"{split}.bin"] = _write_file(out_dir / f"{split}.bin", tokens.tobytes())
-        files[f"{split}_docs.npy"] = _write_file(out_dir / f"{split}_docs.npy", _npy_bytes(bounds))
-        splits[split] = {"tokens": int(len(tokens)), "documents": names}
-        print(f"{split}: {len(names)} documents, {len(tokens):,} tokens -> {out_dir / f'{split}.bin'}")
+    names = [f"{s}.bin" for s in SPLITS] + [f"{s}_docs.npy" for s in SPLITS]
+    tmp = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in names}  # same folder: renames are atomic
+    try:
+        start = time.time()
+        stats = _append_tokens(enc, docs, {s: tmp[f"{s}.bin"] for s in SPLITS}, workers, keep_names)
+        seconds = time.time() - start
+        n_docs = {s: len(stats[s]["bounds"]) // 2 for s in SPLITS}
+        if 0 in n_docs.values():
+            raise ValueError(f"{n_docs['train']} train and {n_docs['val']} val documents: need at least one in each; "
+                             f"use more documents or a val_fraction (now {val_fraction}) nearer 0.5")
+        files = {}
+        for s in SPLITS:
+            files[f"{s}.bin"] = {"bytes": 2 * stats[s]["tokens"], "sha256": stats[s]["sha256"].hexdigest()}
+            bounds = np.frombuffer(stats[s]["bounds"], dtype=np.int64).reshape(-1, 2)
+            files[f"{s}_docs.npy"] = _write_synced(tmp[f"{s}_docs.npy"], _npy_bytes(bounds))
+        # drop the old meta.json first: while the files are swapped, nothing may vouch for the folder
+        (out_dir / "meta.json").unlink(missing_ok=True)
+        for name, path in tmp.items():
+            os.replace(path, out_dir / name)
+    except BaseException:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    splits = {}
+    for s in SPLITS:
+        splits[s] = {"tokens": stats[s]["tokens"], "documents": n_docs[s]}
+        if keep_names:
+            splits[s]["names"] = stats[s]["names"]
+        print(f"{s}: {n_docs[s]:,} documents, {stats[s]['tokens']:,} tokens -> {out_dir / f'{s}.bin'}")
+    total = sum(st["tokens"] for st in stats.values())
+    print(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s, workers={workers})")
     meta = {
         "tokenizer": "gpt2",
         "vocab_size": vocab_size,
@@ -95,8 +193,17 @@ def write_dataset(docs: dict[str, str], out_dir, vocab_size: int, val_fraction: 
         "val_fraction": val_fraction,
         "seed": seed,
     }
-    _write_file(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
     return meta
+
+
+def write_dataset(docs: dict[str, str], out_dir, vocab_size: int, val_fraction: float = 0.1, seed: int = 0,
+                  source: dict | None = None, workers: int = 1) -> dict:
+    """Tokenize {name: text} documents (a small corpus, in memory) into out_dir, split exactly by
+    split_documents; names are recorded in meta.json. Returns the meta dict."""
+    train, val = split_documents(docs, val_fraction, seed)
+    stream = [("train", name, docs[name]) for name in train] + [("val", name, docs[name]) for name in val]
+    return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True)
 
 
 # -----------------------------------------------------------------------------
@@ -138,7 +245,7 @@ def prepare_command(data_dir) -> str:
     name = Path(data_dir).name
     if name == "shakespeare":
         return "python data/shakespeare/prepare.py"
-    return f"python data/text/prepare.py <folder> --name {name}"
+    return f"python data/text/prepare.py <source> --name {name}"
 
 
 def load_meta(data_dir) -> dict:

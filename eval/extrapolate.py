@@ -31,14 +31,15 @@ from eval.score import load_run, score_sliding, score_windows  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
 METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
-ANY_POSITIONS = ("none", "crop", "logn")  # the others rescale RoPE: nothing to scale without it
+ANY_POSITIONS = ("none", "crop", "logn")  # the others rescale RoPE: nothing to scale without it (learned,
+# sinusoidal, alibi, none); crop and logn act on attention, so they apply to ALiBi's distance biases too
 ABSOLUTE = ("learned", "sinusoidal")  # position encodings added to the input: crop is truncation for them
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
               "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
-              "n_units", "tokens", "seconds", "available", "reason")
+              "key_tokens", "ppl_key", "n_units", "tokens", "seconds", "available", "reason")
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -71,6 +72,8 @@ def parse_args(argv):
     p.add_argument("--dynamic_factor", default="1", help="dynamic-ntk's extra NTK multiplier a (transformers' factor; 1 = plain)")
     p.add_argument("--dynamic_modes", default="sequence", help="sequence (one forward, as transformers; default) "
                    "and/or causal (exact per position, O(T^2) and by far the slowest: opt in)")
+    p.add_argument("--key_threshold", default="2", help="key tokens (LongPPL): where a method's NLL is below crop's by "
+                   "more than this many nats (default 2)")
     p.add_argument("--seed", default="0", help="seed of the window choice (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -93,6 +96,7 @@ def parse_args(argv):
     args["factor"] = None if a.factor == "auto" else number(a.factor, "factor", float, 1)
     args["dynamic_factor"] = number(a.dynamic_factor, "dynamic_factor", float, 1)
     args["seed"] = number(a.seed, "seed", int, 0)
+    args["key_threshold"] = number(a.key_threshold, "key_threshold", float, 0)
     if args["device"].split(":")[0] not in ("cpu", "cuda", "mps"):
         raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N")
     wandb_log = {None: None, "true": True, "false": False}.get(a.wandb_log and a.wandb_log.lower(), "bad")
@@ -133,6 +137,11 @@ def positions(method, factor, train_len):
         "logn": {"logn_len": L},
         "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
     }[method]
+
+
+def applicable(method, pos_emb):
+    # every method applies to RoPE (p-RoPE included: its rotating pairs are scaled as in full RoPE)
+    return pos_emb == "rope" or method in ANY_POSITIONS
 
 
 def unavailable(model, method, protocol, eval_len):
@@ -259,9 +268,13 @@ def run_grid(model, tokens, docs, args, train_len):
         empty = dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr"))
         results.append(dict(entry, **(empty if reason else summarize(nll, pos, train_len)),
                             available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
+    keys = {k[:2]: key_tokens(scored, *k[:2], args["key_threshold"]) for k in scored}
     for r in results:  # paired differences: to none and to crop, on the same units
         key = r["protocol"], r["eval_len"]
         nll = scored[(*key, r["method"], r["mode"])]
+        mask = keys[key]
+        r["key_tokens"] = None if mask is None else int(mask.sum())
+        r["ppl_key"] = math.exp(nll[mask].mean()) if mask is not None and nll is not None and mask.any() else None
         for ref in ("none", "crop"):
             d, err = paired(nll, scored.get((*key, ref, None))) if r["method"] != ref else (None, None)
             r.update({f"diff_{ref}": d, f"diff_{ref}_stderr": err})
@@ -269,6 +282,17 @@ def run_grid(model, tokens, docs, args, train_len):
             r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
             r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
     return results, {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
+
+
+def key_tokens(scored, protocol, eval_len, threshold):
+    """Key tokens (Fang et al. 2024, LongPPL) at one length: targets that some method predicts more than
+    `threshold` nats better with the whole window than crop does, i.e. that need context past the training
+    length. One set per length, shared by every method, so their perplexities on it compare."""
+    crop = scored.get((protocol, eval_len, "crop", None))
+    others = [v for (p, T, m, _), v in scored.items() if (p, T) == (protocol, eval_len) and m != "crop" and v is not None]
+    if crop is None or not others:
+        return None
+    return np.any([crop - v > threshold for v in others], axis=0)
 
 
 def timing(results):
@@ -370,12 +394,11 @@ def log_wandb(report, ckpt, png):
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     train_len, pos_emb = model.config.block_size, model.config.pos_emb
-    if pos_emb != "rope":
-        dropped = [m for m in args["methods"] if m not in ANY_POSITIONS]
-        if dropped:
-            print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(dropped)}) do not apply; evaluating "
-                  f"{', '.join(m for m in args['methods'] if m in ANY_POSITIONS) or 'nothing'}")
-        args = dict(args, methods=[m for m in args["methods"] if m in ANY_POSITIONS])
+    dropped = [m for m in args["methods"] if not applicable(m, pos_emb)]
+    if dropped:
+        kept = [m for m in args["methods"] if applicable(m, pos_emb)]
+        print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(dropped)}) do not apply; evaluating {', '.join(kept) or 'nothing'}")
+        args = dict(args, methods=kept)
     if model.config.rope_scaling:
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
               f"the other methods replace it")

@@ -1,6 +1,6 @@
 """
 The one shared way to load a trained run and score windows of held-out text, token by token.
-Every evaluation (extrapolation, later passkey retrieval) goes through these two functions,
+Every evaluation (extrapolation, the retrieval probes) goes through score_rows,
 so "the loss at position p" means the same thing everywhere.
 """
 import numpy as np
@@ -25,31 +25,39 @@ def load_run(run_dir, device="cpu"):
     return model, ckpt, folder
 
 
-@torch.no_grad()
 def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **positions):
     """Per-position NLL [len(starts), length] (float64) of each window: inputs tokens[s:s+length],
-    targets tokens[s+1:s+length+1], each window scored on its own from position 0.
-    Batches hold at most tokens_per_batch tokens (at least one window), so memory does not grow
-    with the length. positions: how the model treats positions for this call (GPT.forward's rope_scaling,
-    causal_dynamic, window, logn_len)."""
+    targets tokens[s+1:s+length+1], each window scored on its own from position 0 (see score_rows)."""
     if length < 1:
         raise ValueError(f"window length must be >= 1, got {length}")
     starts = np.asarray(starts, dtype=np.int64)
     if len(starts) and (starts.min() < 0 or starts.max() + length + 1 > len(tokens)):
         raise ValueError(f"a window of {length}+1 tokens does not fit in the {len(tokens)} tokens given")
+    rows = np.stack([tokens[s:s + length + 1] for s in starts]) if len(starts) else np.zeros((0, length + 1))
+    return score_rows(model, rows, tokens_per_batch, **positions)[0]
+
+
+@torch.no_grad()
+def score_rows(model, rows, tokens_per_batch=16384, **positions):
+    """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1]: inputs rows[:, :-1], targets
+    rows[:, 1:], each row scored on its own from position 0. Batches hold at most tokens_per_batch tokens
+    (at least one row), so memory does not grow with the length. positions: how the model treats
+    positions for this call (GPT.forward's rope_scaling, causal_dynamic, window, logn_len)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    N, n = rows.shape[0], rows.shape[1] - 1
     device = next(model.parameters()).device
     _, ctx = autocast("auto", device.type)  # bf16 on CUDA if supported, float32 on CPU
-    batch = max(1, tokens_per_batch // length)
-    nll = np.empty((len(starts), length), dtype=np.float64)
-    for i in range(0, len(starts), batch):
-        rows = torch.from_numpy(np.stack([tokens[s:s + length + 1] for s in starts[i:i + batch]]).astype(np.int64))
-        x, y = rows[:, :-1].to(device), rows[:, 1:].to(device)
+    batch = max(1, tokens_per_batch // n)
+    nll, hit = np.empty((N, n), dtype=np.float64), np.empty((N, n), dtype=bool)
+    for i in range(0, N, batch):
+        chunk = torch.from_numpy(rows[i:i + batch]).to(device)
         with ctx:
-            logits, _ = model(x, **positions)
+            logits, _ = model(chunk[:, :-1], **positions)
         # per token, in float32 (as the model's own loss), not averaged: positions are the point
-        loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
-        nll[i:i + len(rows)] = loss.double().cpu().numpy()
-    return nll
+        y = chunk[:, 1:]
+        nll[i:i + len(chunk)] = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu().numpy()
+        hit[i:i + len(chunk)] = (logits.argmax(-1) == y).cpu().numpy()
+    return nll, hit
 
 
 def sliding_windows(n, length, stride):

@@ -2,7 +2,8 @@
 A study: configs x seeds, each trained and evaluated, then aggregated across seeds.
 
     python eval/study.py configs/rope_small.py configs/nope_small.py [...] [--seeds 3] [--out out/study]
-        [--train_args "--max_iters=500"] [--eval_args "--lengths 1,4,16"] [--wandb_log true|false]
+        [--train_args "--max_iters=500"] [--eval_args "--lengths 1,4,16"] [--probe_args "--probes copy"]
+        [--wandb_log true|false]
 
 Each run is out/<study>/<config>_seed<k> (train.py --seed=k). A run already trained to its max_iters
 is not trained again, one with a partial checkpoint resumes, and one evaluated on its final checkpoint is
@@ -11,6 +12,9 @@ side by side. Writes study.json (every aggregate), study.md (tables) and study.p
 them to wandb in the study's group (the group of its training runs too).
 Aggregates, per (config, protocol, method, length): mean and 95% t-interval across seeds of the loss (ppl
 is exp of it), of the loss beyond the training length, and of the paired differences to none and to crop.
+With --probe_args ("" for the defaults) each run also gets eval/probes.py, and the study aggregates copy
+top-1 per distance and passkey exact match per length (mean over depths) the same way, with how many seeds
+copy inside the training length.
 """
 import sys
 from pathlib import Path
@@ -51,7 +55,7 @@ def step(what, cmd):
         raise ValueError(f"{what} failed (command: {shlex.join(cmd[1:])}); fix it and run the study again to resume")
 
 
-def run_one(config, seed, out, train_args, eval_args):
+def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     """Train (or resume) and evaluate one run unless that is done already; returns its folder."""
     name = f"{Path(config).stem}_seed{seed}"
     run_dir = out / name
@@ -68,6 +72,10 @@ def run_one(config, seed, out, train_args, eval_args):
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args])
     else:
         print(f"study: {name}: trained and evaluated already")
+    probes = run_dir / "probes.json"
+    current = probes.is_file() and json.loads(probes.read_text())
+    if probe_args is not None and (not current or (current["checkpoint_iter"], current["options"]) != (done[0], probe_args)):
+        step(f"probe {name}", [sys.executable, str(ROOT / "eval" / "probes.py"), str(run_dir), *probe_args])
     return run_dir
 
 
@@ -103,6 +111,26 @@ def aggregate(reports):
     return out
 
 
+def aggregate_probes(reports):
+    """{config: [per-seed probes reports]} -> rows of copy top-1 per distance and passkey exact match per
+    length (mean over depths) per (config, method), with intervals over seeds."""
+    rows = {}
+    for config, seeds in reports.items():
+        for rep in seeds:
+            per = {}
+            for r in rep["results"]:
+                if r["probe"] in ("copy", "passkey") and r["available"]:
+                    at = r["distance"] if r["probe"] == "copy" else r["eval_len"]
+                    per.setdefault((r["probe"], r["method"], at), []).append(r["top1" if r["probe"] == "copy" else "exact"])
+            for (probe, method, at), v in per.items():
+                row = rows.setdefault((config, probe, method, at), dict(config=config, probe=probe, method=method, at=at,
+                                                                        train_len=rep["train_len"], values=[]))
+                row["values"].append(float(np.mean(v)))
+    copies = {c: sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds) for c, seeds in reports.items()}
+    return [dict({k: v for k, v in r.items() if k != "values"}, value=interval(r["values"]), per_seed=r["values"],
+                 seeds_that_copy=copies[r["config"]]) for r in rows.values()]
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def cell(s, transform=lambda x: x, digits=2):
@@ -134,6 +162,26 @@ def markdown(rows, seeds):
             tables.append(f"### {title}, {protocol} protocol\n\nmean [95% CI] over {seeds} seeds\n\n"
                           + "\n".join([head, rule, *lines]))
     return "\n\n".join(tables) + "\n"
+
+
+def probe_markdown(rows, seeds):
+    tables = []
+    for probe, what, unit in (("copy", "copy probe: top-1 on the repeat", "distance"),
+                              ("passkey", "passkey: exact match, mean over depths", "length")):
+        rs = [r for r in rows if r["probe"] == probe]
+        if not rs:
+            continue
+        cols, L = sorted({r["at"] for r in rs}), rs[0]["train_len"]
+        body = {}
+        for r in rs:
+            body.setdefault((r["config"], r["method"], r["seeds_that_copy"]), {})[r["at"]] = cell(r["value"])
+        lines = [f"| {c} ({n}/{seeds} copy) | {m} |" + "".join(f" {cells.get(a, '')} |" for a in cols)
+                 for (c, m, n), cells in body.items()]
+        tables.append(f"### {what}, by {unit}\n\nmean [95% CI] over {seeds} seeds; (k/n copy): seeds whose run copies "
+                      f"inside its training length, without which the row compares nothing\n\n"
+                      + "\n".join([f"| config | method |" + "".join(f" {a / L:g}x ({a}) |" for a in cols),
+                                   "| --- | --- |" + " ---: |" * len(cols), *lines]))
+    return "\n\n".join(tables) + "\n" if tables else ""
 
 
 def plot(rows, path):
@@ -193,6 +241,8 @@ def parse_args(argv):
     p.add_argument("--out", default="out/study", help="the study folder (default out/study); its name is the wandb group")
     p.add_argument("--train_args", default="", help="extra train.py overrides, e.g. \"--max_iters=500\"")
     p.add_argument("--eval_args", default="", help="extra eval/extrapolate.py options, e.g. \"--lengths 1,4,16\"")
+    p.add_argument("--probe_args", default=None, help="run eval/probes.py on every run with these options "
+                   "(\"\" for its defaults); default: no probes")
     p.add_argument("--wandb_log", default="true", help="log the study itself to wandb: true | false (default true)")
     a = p.parse_args(argv)
     missing = [c for c in a.configs if not Path(c).is_file()]
@@ -207,21 +257,24 @@ def parse_args(argv):
     if a.wandb_log.lower() not in ("true", "false"):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
     return dict(configs=a.configs, seeds=seeds, out=Path(a.out), train_args=shlex.split(a.train_args),
-                eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true")
+                eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
+                probe_args=None if a.probe_args is None else shlex.split(a.probe_args))
 
 
 def study(args):
     out = args["out"]
     out.mkdir(parents=True, exist_ok=True)
-    reports = {}
+    reports, probes = {}, {}
     for seed in range(args["seeds"]):  # seed-major: a study stopped early still has whole seeds of every config
         for config in args["configs"]:
-            run_dir = run_one(config, seed, out, args["train_args"], args["eval_args"])
+            run_dir = run_one(config, seed, out, args["train_args"], args["eval_args"], args["probe_args"])
             reports.setdefault(Path(config).stem, []).append(load_report(run_dir))
-    rows = aggregate(reports)
-    result = dict(configs=list(reports), seeds=args["seeds"], confidence=0.95, rows=rows)
+            if args["probe_args"] is not None:
+                probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
+    rows, probe_rows = aggregate(reports), aggregate_probes(probes)
+    result = dict(configs=list(reports), seeds=args["seeds"], confidence=0.95, rows=rows, probe_rows=probe_rows)
     (out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(rows, args["seeds"])
+    md = markdown(rows, args["seeds"]) + ("\n" + probe_markdown(probe_rows, args["seeds"]) if probe_rows else "")
     (out / "study.md").write_text(md)
     plot(rows, out / "study.png")
     print(md + f"-> {out}/study.{{json,md,png}}")

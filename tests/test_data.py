@@ -93,8 +93,9 @@ def test_split_is_by_whole_document_deterministic_and_nonempty():
 def test_text_prepare_writes_files_with_disjoint_splits_covering_all_docs(prepared):
     assert all((prepared / f).is_file() for f in FILES)
     meta = load_meta(prepared)
-    train, val = meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]
+    train, val = meta["splits"]["train"]["names"], meta["splits"]["val"]["names"]
     assert set(train).isdisjoint(val) and sorted(train + val) == sorted(TEXTS) and val
+    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (len(train), len(val))
     assert meta["vocab_size"] == VOCAB and meta["eot_token"] == VOCAB - 1
     for split in ("train", "val"):
         tokens, _ = load_split(prepared, split)
@@ -108,7 +109,7 @@ def test_doc_bounds_slice_out_each_document_followed_by_eot(prepared):
     meta, enc = load_meta(prepared), gpt2_tokenizer(VOCAB)
     for split in ("train", "val"):
         tokens, docs = load_split(prepared, split)
-        names = meta["splits"][split]["documents"]
+        names = meta["splits"][split]["names"]
         assert docs.shape == (len(names), 2) and docs.dtype == np.int64
         for name, (start, end) in zip(names, docs):
             assert enc.decode(tokens[start:end].tolist()) == TEXTS[name]
@@ -154,7 +155,7 @@ def test_corrupted_output_is_detected_and_redone(prepared, folder, damage):
 def test_missing_data_error_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing meta.json\); run: python data/shakespeare/prepare.py$"):
         load_meta(tmp_path / "shakespeare")
-    with pytest.raises(FileNotFoundError, match=r"run: python data/text/prepare.py <folder> --name mybooks$"):
+    with pytest.raises(FileNotFoundError, match=r"run: python data/text/prepare.py <source> --name mybooks$"):
         load_split(tmp_path / "mybooks", "train")
     assert not is_prepared(tmp_path / "mybooks")
 
@@ -162,7 +163,7 @@ def test_missing_data_error_names_the_command(tmp_path):
 def test_bad_inputs_raise_clear_errors(prepared, tmp_path):
     with pytest.raises(ValueError, match="split='test'"):
         load_split(prepared, "test")
-    with pytest.raises(FileNotFoundError, match="folder not found"):
+    with pytest.raises(FileNotFoundError, match="nope not found"):
         prepare_text(tmp_path / "nope", out_dir=tmp_path / "x")
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "a.txt").write_text("hi")

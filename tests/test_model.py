@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, sinusoidal_embedding
+from eval.extrapolate import applicable, unavailable
+from model import GPT, GPTConfig, KVCache, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
 
@@ -13,6 +14,16 @@ def tiny(**kw):
     torch.manual_seed(0)
     cfg = dict(block_size=L, vocab_size=97, n_layer=2, n_head=2, n_embd=32)
     return GPT(GPTConfig(**{**cfg, **kw})).eval()
+
+
+@pytest.fixture
+def one_thread():
+    # token-by-token decoding is many tiny forwards: on a 2-core machine that is also training, OpenMP
+    # hand-offs between busy cores cost far more than the work itself
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def sharpen(model):
@@ -33,8 +44,9 @@ def token_by_token(model, idx):
     dict(pos_emb="rope", rope_layout="interleaved"),
     dict(pos_emb="rope", rope_scaling={"rope_type": "yarn", "factor": 4.0}),
     dict(pos_emb="rope", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    dict(pos_emb="alibi"), dict(pos_emb="rope", rope_fraction=0.5),
 ])
-def test_kv_cache_logits_equal_full_forward(kw):
+def test_kv_cache_logits_equal_full_forward(kw, one_thread):
     model = tiny(**kw)
     idx = torch.randint(0, 97, (2, L))
     full, _ = model(idx)
@@ -46,7 +58,7 @@ def test_kv_cache_logits_equal_full_forward(kw):
     assert torch.allclose(torch.cat((head, tail), dim=1), full, atol=1e-5)
 
 
-def test_causal_dynamic_equals_token_by_token_with_pre_rotation_key_cache():
+def test_causal_dynamic_equals_token_by_token_with_pre_rotation_key_cache(one_thread):
     model = sharpen(tiny(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
     idx = torch.randint(0, 97, (2, 4 * L))
     causal, _ = model(idx, causal_dynamic=True)
@@ -96,7 +108,14 @@ def test_rope_models_run_past_the_training_length():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(pos_emb="alibi"), "unknown pos_emb 'alibi'"),
+    (dict(pos_emb="xpos"), "unknown pos_emb 'xpos'; allowed: learned, sinusoidal, rope, alibi, none"),
+    (dict(pos_emb="alibi", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "given to pos_emb='alibi': ALiBi has no rotation to scale"),
+    (dict(pos_emb="none", rope_fraction=0.5), "rope_fraction=0.5 is p-RoPE's; it needs pos_emb='rope', not 'none'"),
+    (dict(rope_fraction=0.0), r"rope_fraction must be a number in \(0, 1\] \(or None: every pair rotates\), got 0.0"),
+    (dict(rope_fraction=1.5), r"rope_fraction must be a number in \(0, 1\]"),
+    (dict(rope_fraction="half"), r"rope_fraction must be a number in \(0, 1\]"),
+    (dict(rope_fraction=0.01), r"rope_fraction=0.01 rotates round\(0.01 \* 8\) = 0 of the 8 pairs"),
     (dict(rope_layout="complex"), "unknown rope_layout 'complex'"),
     (dict(n_embd=30, n_head=2), "RoPE needs an even head dimension, got n_embd/n_head = 15"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 0.5}), "factor must be a number >= 1, got 0.5"),
@@ -104,6 +123,71 @@ def test_rope_models_run_past_the_training_length():
 def test_bad_model_config_is_a_clear_error(kw, message):
     with pytest.raises(ValueError, match=message):
         tiny(**kw)
+
+
+def test_alibi_slopes_by_hand():
+    # a power of two: 2^(-8/n), 2^(-16/n), ..., 2^(-8)
+    assert alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+    assert alibi_slopes(1).tolist() == [1 / 256]
+    # 6 heads: the 4 of n = 4 (1/4, 1/16, 1/64, 1/256), then from n = 8's (1/2, 1/4, ..., 1/256) every other
+    # one, 1/2, 1/8, 1/32, 1/128, the first 6 - 4 = 2 of them
+    assert alibi_slopes(6).tolist() == [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
+    # 12 heads: the 8 of n = 8, then n = 16's 2^-0.5, 2^-1, 2^-1.5, ... taken 1st, 3rd, ...: 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5
+    expected = [2.0 ** -k for k in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]
+    assert torch.allclose(alibi_slopes(12), torch.tensor(expected), rtol=1e-7, atol=0)
+
+
+def test_alibi_bias_matrix_by_hand():
+    inf = float("inf")
+    bias = alibi_bias(torch.tensor([0.5, 0.25]), 3, 3, None, "cpu")
+    assert bias.tolist() == [[[0, -inf, -inf], [-0.5, 0, -inf], [-1, -0.5, 0]],
+                             [[0, -inf, -inf], [-0.25, 0, -inf], [-0.5, -0.25, 0]]]
+    # with a cache: the 2 newest of 5 positions (queries 3 and 4), and a window of 2 (the crop baseline)
+    bias = alibi_bias(torch.tensor([0.5]), 2, 5, 2, "cpu")
+    assert bias.tolist() == [[[-inf, -inf, -0.5, 0, -inf], [-inf, -inf, -inf, -0.5, 0]]]
+
+
+def test_alibi_attention_is_softmax_of_scaled_scores_plus_the_bias():
+    model = tiny(pos_emb="alibi", n_head=4, n_embd=32)
+    attn, T, H, D = model.transformer.h[0].attn, 6, 4, 8
+    slopes = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]
+    x = torch.randn(2, T, 32)
+    q, k, v = (t.view(2, T, H, D).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
+    bias = torch.tensor([[[-slopes[h] * (i - j) if j <= i else -math.inf for j in range(T)] for i in range(T)]
+                         for h in range(H)])
+    y = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1) @ v
+    expected = attn.c_proj(y.transpose(1, 2).reshape(2, T, 32))
+    with torch.no_grad():
+        out = attn(x, None, alibi_bias(alibi_slopes(H), T, T, None, "cpu"), None, None, None)
+    assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_alibi_biases_matter_and_run_past_the_training_length_and_through_the_cache_with_a_window(one_thread):
+    alibi, nope = tiny(pos_emb="alibi"), tiny(pos_emb="none")  # the same weights: ALiBi has no parameters
+    idx = torch.randint(0, 97, (2, 4 * L))
+    logits, _ = sharpen(alibi)(idx)
+    assert torch.isfinite(logits).all() and not torch.allclose(logits, sharpen(nope)(idx)[0], atol=1e-3)
+    crop, _ = alibi(idx, window=L)
+    assert torch.allclose(crop[:, :L], logits[:, :L], atol=1e-5) and not torch.allclose(crop, logits, atol=1e-3)
+    cache = KVCache(alibi.config.n_layer)
+    head, _ = alibi(idx[:, :L], cache=cache, window=L)
+    steps = [alibi(idx[:, t:t + 1], cache=cache, window=L)[0] for t in range(L, 4 * L)]
+    assert torch.allclose(torch.cat([head] + steps, dim=1), crop, atol=1e-5)
+
+
+def test_alibi_is_evaluated_past_the_training_length_with_none_crop_and_logn():
+    model = tiny(pos_emb="alibi")
+    assert [m for m in ("none", "crop", "pi", "ntk", "yarn", "logn", "ntk+logn") if applicable(m, "alibi")] == ["none", "crop", "logn"]
+    assert unavailable(model, "none", "windows", 16 * L) is None and unavailable(model, "crop", "sliding", 16 * L) is None
+    with pytest.raises(ValueError, match="given to an ALiBi model: ALiBi has no rotation to scale"):
+        model(torch.zeros(1, 2 * L, dtype=torch.long), rope_scaling={"rope_type": "linear", "factor": 2.0})
+
+
+def test_p_rope_with_every_pair_is_rope_and_with_half_differs():
+    idx = torch.randint(0, 97, (2, 3 * L))
+    rope = sharpen(tiny())(idx)[0]
+    assert torch.equal(sharpen(tiny(rope_fraction=1.0))(idx)[0], rope)
+    assert not torch.allclose(sharpen(tiny(rope_fraction=0.5))(idx)[0], rope, atol=1e-3)
 
 
 def test_a_few_steps_lower_the_loss_on_a_tiny_batch():

@@ -233,6 +233,54 @@ def test_odd_head_dim_is_a_clear_error():
         rope_frequencies(33, BASE)
 
 
+def test_p_rope_angles_by_hand():
+    # d = 8, fraction 0.5: round(0.5 * 4) = 2 pairs rotate, with base^0 = 1 and base^(-2/8) = 0.1; pairs 2, 3 do not
+    inv_freq, _ = rope_frequencies(8, BASE, fraction=0.5)
+    assert inv_freq.tolist() == pytest.approx([1.0, 0.1, 0.0, 0.0], abs=1e-7)
+    cos, sin = rope_cos_sin(inv_freq, torch.tensor([0, 3]))
+    assert torch.allclose(cos, torch.tensor([[1.0, 1, 1, 1], [math.cos(3), math.cos(0.3), 1, 1]]))
+    assert torch.allclose(sin, torch.tensor([[0.0, 0, 0, 0], [math.sin(3), math.sin(0.3), 0, 0]]))
+    assert (rope_frequencies(8, BASE, fraction=0.75)[0] > 0).sum() == 3 and (rope_frequencies(8, BASE)[0] > 0).sum() == 4
+
+
+@pytest.mark.parametrize("scaling", STATIC + [{"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": L}])
+def test_p_rope_scales_the_rotating_pairs_as_full_rope_and_leaves_the_rest_unrotated(scaling):
+    full, attention = rope_frequencies(D, BASE, scaling)
+    partial, partial_attention = rope_frequencies(D, BASE, scaling, fraction=0.75)  # 12 of 16 pairs rotate
+    assert torch.equal(partial[:12], full[:12]) and (partial[12:] == 0).all() and partial_attention == attention
+
+
+@pytest.mark.parametrize("layout, unrotated", [("half", list(range(8, 16)) + list(range(24, 32))),
+                                               ("interleaved", list(range(16, 32)))])
+def test_p_rope_unrotated_channels_of_q_k_do_not_depend_on_position(layout, unrotated):
+    # D = 32, fraction 0.5: pairs 8..15 are unrotated; in the half layout pair i is channels (i, i + 16),
+    # interleaved it is (2i, 2i + 1)
+    def rotate_partial(x, pos):
+        inv_freq, factor = rope_frequencies(D, BASE, fraction=0.5)
+        cos, sin = rope_cos_sin(inv_freq, torch.tensor([pos]), factor)
+        return apply_rope(x.double(), cos.double(), sin.double(), layout)[0]
+    q, k = torch.randn(2, D, dtype=torch.float64)
+    rotated = [c for c in range(D) if c not in unrotated]
+    for m, n in [(0, 0), (7, 2), (500, 3), (40, 900)]:
+        qm, kn = rotate_partial(q, m), rotate_partial(k, n)
+        assert torch.allclose(qm[unrotated], q[unrotated]) and torch.allclose(kn[unrotated], k[unrotated])
+        assert torch.allclose((qm[unrotated] * kn[unrotated]).sum(), (q[unrotated] * k[unrotated]).sum())
+        if m != n:  # the rotated channels still carry the position
+            assert not torch.allclose((qm[rotated] * kn[rotated]).sum(), (q[rotated] * k[rotated]).sum(), atol=1e-3)
+
+
+@pytest.mark.parametrize("fraction, message", [
+    (0, "rope_fraction must be a number in (0, 1] (or None: every pair rotates), got 0"),
+    (1.5, "rope_fraction must be a number in (0, 1] (or None: every pair rotates), got 1.5"),
+    (float("nan"), "rope_fraction must be a number in (0, 1]"),
+    (True, "rope_fraction must be a number in (0, 1]"),
+    (0.02, "rope_fraction=0.02 rotates round(0.02 * 16) = 0 of the 16 pairs; use at least 0.0625 (or pos_emb='none')"),
+])
+def test_bad_rope_fraction_is_a_clear_error(fraction, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rope_frequencies(D, BASE, fraction=fraction)
+
+
 @pytest.fixture
 def one_thread():
     # the base scan is hundreds of small cos/sum ops: on a 2-core machine that is also training,

@@ -44,7 +44,7 @@ def test_config_file_and_overrides(tmp_path):
     ("", ["--batchsize=4"], "unknown config key 'batchsize'"),
     ("", ["--n_layer=2.5"], "n_layer=2.5 (from --n_layer=2.5) should be a int"),
     ("", ["--compile=1"], "compile=1 (from --compile=1) should be a bool"),
-    ("pos_emb = 'alibi'\n", [], "unknown pos_emb 'alibi'; allowed: learned, sinusoidal, rope, none"),
+    ("pos_emb = 'xpos'\n", [], "unknown pos_emb 'xpos'; allowed: learned, sinusoidal, rope, alibi, none"),
     ("", ["--rope_scaling=yarn"], "rope_scaling must be a dict"),
     ("n_layer = = 2\n", [], "c.py failed: SyntaxError"),
     ("import nonexistent_module\n", [], "c.py failed: ModuleNotFoundError"),

@@ -1,76 +1,292 @@
 """
-Prepare any folder of .txt files: one document per file, split by whole document into train and val.
+Prepare any corpus: a folder of .txt files, JSONL or Parquet files, or a Hugging Face dataset, streamed,
+tokenized in parallel and split by whole document into train and val.
 
-    python data/text/prepare.py FOLDER [--name NAME] [--vocab_size N] [--val_fraction F]
+    python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
+                                [--vocab_size N] [--val_fraction F] [--workers N]
 
-Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json into data/NAME/
-(NAME defaults to the folder's basename). A changed folder is prepared again.
+SOURCE is a folder (every *.txt, *.jsonl, *.jsonl.gz and *.parquet file under it, hidden ones aside),
+one .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG] (the train split of a Hugging Face dataset,
+streamed; needs `pip install datasets` and a network). A .txt file is one document; so is each JSONL
+line and each Parquet or Hugging Face row, its text in the field --text_field. Empty records are skipped.
+
+Two kinds of corpus, by what SOURCE holds:
+  .txt files only  the names are all known: round(n * F) files are held out at random (at least one each
+                   side), as for Shakespeare; vocabulary 2048 by default (the small CPU models); the file
+                   names are recorded in meta.json
+  anything else    a stream of unknown length: a document is held out when a hash of its key (file and
+                   line or row, or row index) with the seed falls under F, so about F of them are, whatever
+                   the order or the number of workers; full GPT-2 vocabulary (50257) by default
+
+Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json (data/dataset.py) into data/NAME/ without
+holding the corpus in memory; meta.json comes last, so an error or a crash leaves no half-prepared folder.
+A re-run with the same files (same paths and contents) and options does nothing.
 """
+import gzip
 import hashlib
+import json
+import os
 import sys
+import zlib
 from pathlib import Path
 
 # scripts run as `python data/text/prepare.py` get data/text/ as sys.path[0], not the repo root;
 # put the root first so `import data.*` works from any working directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data.dataset import VOCAB_SIZE, is_prepared, load_meta, write_dataset  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from data.dataset import VOCAB_SIZE, is_prepared, load_meta, split_documents, val_by_hash, write_documents  # noqa: E402
+from data.tokenizer import GPT2_VOCAB_SIZE  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+HF = "hf:"
+PARQUET_BATCH_ROWS = 1024  # rows read at a time: memory stays bounded by a batch, not by the file
 
 
-def read_folder(folder):
-    """({relative path: text} of every *.txt under folder, sha256 over (relative path, content) of all)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"folder not found: {folder}")
-    paths = sorted(p for p in folder.rglob("*.txt") if p.is_file())
+# -----------------------------------------------------------------------------
+# local files
+
+def suffix(path):
+    return next((s for s in SUFFIXES if path.name.endswith(s)), None)
+
+
+def list_files(path):
+    """(root, sorted corpus files): the files under a folder, or a single JSONL / Parquet file."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and suffix(p)
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:
+            raise ValueError(f"{path} has no {', '.join('*' + s for s in SUFFIXES)} files")
+        return path, files
+    if path.is_file():
+        if suffix(path) in (None, ".txt"):
+            raise ValueError(f"{path}: a file SOURCE must be .jsonl, .jsonl.gz or .parquet "
+                             f"(for .txt documents, pass the folder that holds them)")
+        return path.parent, [path]
+    raise FileNotFoundError(f"{path} not found; SOURCE is a folder, a .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG]")
+
+
+def fingerprint(root, files):
+    """sha256 over the relative path, size and content of every file, in order. Reading the files once
+    more costs little next to tokenizing them, and unlike mtimes it cannot miss a change."""
+    h = hashlib.sha256()
+    total = sum(p.stat().st_size for p in files)
+    with tqdm(total=total, desc="hashing", unit="B", unit_scale=True, disable=None, leave=False) as bar:
+        for path in files:
+            # length-prefixed fields, so that different (path, content) lists can never hash alike
+            rel = path.relative_to(root).as_posix().encode()
+            h.update(len(rel).to_bytes(8, "little") + rel + path.stat().st_size.to_bytes(8, "little"))
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+                    bar.update(len(block))
+    return h.hexdigest()
+
+
+def read_text(path):
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e}); convert it or remove it") from None
+
+
+def field_text(record, field, where):
+    """The text of one JSONL or Hugging Face record ("" for a null)."""
+    if not isinstance(record, dict) or field not in record:
+        has = ", ".join(map(str, record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        raise ValueError(f"{where}: no {field!r} field (the record has: {has or 'no fields'}); pass --text_field")
+    text = record[field]
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"{where}: field {field!r} is a {type(text).__name__}, not text")
+    return text or ""
+
+
+def jsonl_texts(path, rel, field):
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as e:  # bad JSON or bad UTF-8
+                    raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+                yield f"{rel}:{lineno}", field_text(record, field, f"{path}:{lineno}")
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
+        raise ValueError(f"{path}: not a readable gzip file ({type(e).__name__}: {e})") from None
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet
+        return pyarrow
+    except ImportError:
+        raise ValueError("reading Parquet files needs pyarrow: pip install pyarrow") from None
+
+
+def check_parquet(path, field):
+    """Fail before anything is written if a Parquet file has no text column named field."""
+    pa = _pyarrow()
+    try:
+        schema = pa.parquet.read_schema(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+    if field not in schema.names:
+        raise ValueError(f"{path}: no {field!r} column (it has: {', '.join(schema.names)}); pass --text_field")
+    kind = schema.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f"{path}: column {field!r} is {kind}, not text")
+
+
+def parquet_texts(path, rel, field):
+    pa = _pyarrow()
+    rows = pa.parquet.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
+    row = 0
+    for batch in rows:
+        for text in batch.column(0).to_pylist():
+            yield f"{rel}:{row}", text or ""
+            row += 1
+
+
+def file_records(root, files, field):
+    """(key, text) of every record of the files, in order; the key names the file and line or row."""
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        if path.name.endswith(".txt"):
+            yield rel, read_text(path)
+        elif path.name.endswith(".parquet"):
+            yield from parquet_texts(path, rel, field)
+        else:
+            yield from jsonl_texts(path, rel, field)
+
+
+# -----------------------------------------------------------------------------
+# Hugging Face datasets
+
+def hf_records(spec, field):
+    """(row index, text) of the train split of a Hugging Face dataset, streamed as it downloads."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"{HF}{spec} needs the Hugging Face `datasets` package: pip install datasets") from None
+    name, _, config = spec.partition(":")
+    try:
+        stream = datasets.load_dataset(name, config or None, split="train", streaming=True)
+    except Exception as e:  # offline, no such dataset or config, ...: datasets raises many kinds
+        message = (str(e).strip().splitlines() or [""])[0]
+        raise OSError(f"cannot open Hugging Face dataset {spec!r} (offline? no such dataset or config?): "
+                      f"{type(e).__name__}: {message}") from None
+    if stream.features is not None and field not in stream.features:
+        raise ValueError(f"{HF}{spec}: no {field!r} field (it has: {', '.join(stream.features)}); pass --text_field")
+    return ((str(i), field_text(row, field, f"{HF}{spec} row {i}")) for i, row in enumerate(stream))
+
+
+# -----------------------------------------------------------------------------
+# preparing
+
+def txt_documents(root, files, val_fraction):
+    """(split, name, text) of each .txt file (one document each), split exactly: the names are known."""
+    paths = {p.relative_to(root).as_posix(): p for p in files}
     if len(paths) < 2:
-        raise ValueError(f"{folder} has {len(paths)} .txt file(s); need at least 2 (one document per file) for train and val")
-    docs, h = {}, hashlib.sha256()
-    for path in paths:
-        rel = path.relative_to(folder).as_posix()
-        raw = path.read_bytes()
-        # length-prefix both fields so different (path, content) lists can never hash alike
-        for field in (rel.encode(), raw):
-            h.update(len(field).to_bytes(8, "little"))
-            h.update(field)
-        try:
-            docs[rel] = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path} is not UTF-8 text ({e}); convert it or remove it from {folder}") from None
-    return docs, h.hexdigest()
+        raise ValueError(f"{root} has {len(paths)} .txt file(s); need at least 2 (one document per file) for train and val")
+    train, val = split_documents(paths, val_fraction, SEED)
+    return ((split, rel, read_text(paths[rel])) for split, names in (("train", train), ("val", val)) for rel in names)
 
 
-def prepare(folder, name=None, vocab_size=VOCAB_SIZE, val_fraction=0.1, out_dir=None) -> Path:
-    """Tokenize folder into out_dir (default data/<name>); a no-op if already prepared from the same files."""
-    folder = Path(folder).resolve()
-    name = name or folder.name
+def record_documents(records, val_fraction, where):
+    """(split, None, text) of every non-empty record, placed by a hash of its key (no count needed)."""
+    n = 0
+    for key, text in records:
+        if text:  # an empty document would be a lone EOT
+            n += 1
+            yield ("val" if val_by_hash(key, val_fraction, SEED) else "train"), None, text
+    if n == 0:
+        raise ValueError(f"{where}: the corpus is empty (no non-empty documents)")
+
+
+def default_name(source):
+    if source.startswith(HF):
+        name, _, config = source[len(HF):].partition(":")
+        return name.rstrip("/").split("/")[-1] + (f"_{config}" if config else "")
+    path = Path(source).resolve()
+    return path.name[:-len(suffix(path))] if path.is_file() and suffix(path) else path.name
+
+
+def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None,
+            out_dir=None) -> Path:
+    """Tokenize source into out_dir (default data/<name>); a no-op if already prepared from the same inputs."""
+    source = str(source)
+    name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"name={name!r} is not allowed; use a plain directory name (output goes to data/<name>/)")
     if name == "shakespeare":
         raise ValueError("name 'shakespeare' is taken by data/shakespeare/prepare.py; pass another --name")
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
+    if not text_field:
+        raise ValueError("text_field='' is not allowed; name the field that holds the text")
+    workers = min(os.cpu_count() or 1, 8) if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} is not allowed; use an integer >= 1")
     out_dir = Path(out_dir) if out_dir is not None else DATA_ROOT / name
-    docs, digest = read_folder(folder)
-    source = {"folder": str(folder), "sha256": digest}
-    if is_prepared(out_dir, vocab_size=vocab_size, source=source) and load_meta(out_dir)["val_fraction"] == val_fraction:
-        print(f"{out_dir}: already prepared (vocab_size={vocab_size}, {len(docs)} files unchanged)")
+
+    if source.startswith(HF):
+        spec = source[len(HF):]
+        if not spec.split(":")[0]:
+            raise ValueError(f"{source!r} is not allowed; use hf:NAME or hf:NAME:CONFIG")
+        named = False
+        # a Hugging Face dataset is known by its name: a re-run does not notice a new upstream revision
+        origin = {"hf": spec, "split": "train", "text_field": text_field}
+    else:
+        path = Path(source).resolve()
+        root, files = list_files(path)
+        named = all(suffix(p) == ".txt" for p in files)
+        origin = {"folder" if path.is_dir() else "file": str(path), "sha256": fingerprint(root, files)}
+        if not named:
+            origin["text_field"] = text_field
+        print(f"{len(files)} files, {sum(p.stat().st_size for p in files):,} bytes from {path}")
+    vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
+    if is_prepared(out_dir, vocab_size=vocab_size, source=origin) and load_meta(out_dir)["val_fraction"] == val_fraction:
+        print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
-    print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters from {folder}")
-    write_dataset(docs, out_dir, vocab_size, val_fraction=val_fraction, seed=SEED, source=source)
+
+    if named:
+        docs = txt_documents(root, files, val_fraction)
+    else:
+        if source.startswith(HF):
+            records = hf_records(spec, text_field)
+        else:
+            for path in files:
+                if suffix(path) == ".parquet":
+                    check_parquet(path, text_field)
+            records = file_records(root, files, text_field)
+        docs = record_documents(records, val_fraction, source)
+    print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
+    write_documents(docs, out_dir, vocab_size, origin, val_fraction, SEED, workers, keep_names=named)
     return out_dir
 
 
 if __name__ == "__main__":
     parser = arg_parser(__doc__)
-    parser.add_argument("folder", help="folder whose *.txt files (recursive) are the documents")
-    parser.add_argument("--name", default=None, help="output goes to data/NAME/ (default: the folder's basename)")
-    parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
+    parser.add_argument("source", help="a folder, a .jsonl / .jsonl.gz / .parquet file, or hf:NAME[:CONFIG]")
+    parser.add_argument("--name", default=None, help="output goes to data/NAME/ (default: the folder's or file's name)")
+    parser.add_argument("--out_dir", default=None, help="output folder instead of data/NAME/")
+    parser.add_argument("--text_field", default="text", help="the JSONL / Parquet / Hugging Face field with the text (default text)")
+    parser.add_argument("--vocab_size", type=int, default=None,
+                        help=f"257..{GPT2_VOCAB_SIZE} (default: {VOCAB_SIZE} for a folder of .txt files only, "
+                             f"else {GPT2_VOCAB_SIZE}, the full GPT-2 vocabulary)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
+    parser.add_argument("--workers", type=int, default=None, help="tokenizer threads (default: the CPU count, at most 8)")
 
     def main():
         args = parser.parse_args()
-        prepare(args.folder, name=args.name, vocab_size=args.vocab_size, val_fraction=args.val_fraction)
+        prepare(args.source, name=args.name, text_field=args.text_field, vocab_size=args.vocab_size,
+                val_fraction=args.val_fraction, workers=args.workers, out_dir=args.out_dir)
     run_cli("prepare.py", main)

@@ -1,0 +1,136 @@
+"""
+Generate text from a trained run with any of the evaluation's position methods, as far past the training
+length as you ask.
+
+    python sample.py out/rope_small [--prompt TEXT | --prompt_file PATH] [--method none] [--factor auto|S]
+        [--max_new_tokens 500] [--num_samples 1] [--temperature 0.8] [--top_k 200] [--seed 1337] [--device auto]
+
+The methods are eval/extrapolate.py's, with the same forward arguments. Tokens go through the KV cache, which
+keeps keys before rotation and re-rotates them at every step with the frequencies for the current length:
+dynamic-ntk is then exact, token t predicted with the scale for length t + 1 (the evaluation's causal mode).
+"""
+import sys
+
+import torch
+
+from data.tokenizer import EOT, gpt2_tokenizer
+from eval.extrapolate import ABSOLUTE, ANY_POSITIONS, METHODS, applicable, positions
+from model import sample_next
+from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, pick_device, run_cli
+
+
+def parse_args(argv):
+    p = arg_parser(__doc__)
+    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, help=f"text to continue (default: {EOT}, a new document)")
+    prompt.add_argument("--prompt_file", default=None, help="read the prompt from this file")
+    p.add_argument("--method", default="none", help=f"one of {', '.join(METHODS)} (default none)")
+    p.add_argument("--factor", default="auto", help="auto: (prompt + new tokens) / training length, at least 1; or a "
+                   "number >= 1. For dynamic-ntk it is transformers' extra multiplier a (auto: 1, plain dynamic NTK)")
+    p.add_argument("--max_new_tokens", type=int, default=500)
+    p.add_argument("--num_samples", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.8, help="> 0; --top_k 1 samples greedily")
+    p.add_argument("--top_k", type=int, default=200, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    a = p.parse_args(argv)
+    if a.method not in METHODS:
+        raise ValueError(f"unknown --method {a.method!r}; allowed: {', '.join(METHODS)}")
+    for name, value, low in (("max_new_tokens", a.max_new_tokens, 1), ("num_samples", a.num_samples, 1),
+                             ("top_k", a.top_k, 0), ("seed", a.seed, 0)):
+        if value < low:
+            raise ValueError(f"--{name} must be >= {low}, got {value}")
+    if not a.temperature > 0:  # also catches nan
+        raise ValueError(f"--temperature must be > 0, got {a.temperature}; for greedy sampling use --top_k 1")
+    factor = None
+    if a.factor != "auto":
+        try:
+            factor = float(a.factor)
+        except ValueError:
+            raise ValueError(f"--factor {a.factor!r} is not auto or a number") from None
+        if not factor >= 1:
+            raise ValueError(f"--factor must be auto or a number >= 1, got {a.factor}")
+    if a.prompt == "":
+        raise ValueError(f"--prompt is empty; leave it out to start a new document ({EOT})")
+    device = pick_device(a.device)
+    if device.split(":")[0] not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N, mps")
+    return dict(vars(a), factor=factor, device=device)
+
+
+def method_factor(method, factor, total_len, train_len):
+    """The factor in the method's arguments: None where there is none; dynamic-ntk's is transformers' extra
+    multiplier a, 1 by default (its scale follows the length by itself); the others default to the ratio that
+    maps the whole sample back onto the training length."""
+    if method in ANY_POSITIONS:
+        return None
+    if method == "dynamic-ntk":
+        return factor or 1.0
+    return factor or max(1.0, total_len / train_len)
+
+
+def check_fits(config, method, total_len):
+    """A one-line error, before any sampling, for what the model cannot do."""
+    if not applicable(method, config.pos_emb):
+        raise ValueError(f"--method {method} rescales RoPE; a pos_emb={config.pos_emb!r} model takes "
+                         f"{', '.join(m for m in METHODS if applicable(m, config.pos_emb))}")
+    if config.pos_emb == "learned" and method != "crop" and total_len > config.block_size:
+        raise ValueError(f"a learned position table has {config.block_size} entries: prompt + new tokens = {total_len} "
+                         f"do not fit (a learned model cannot extrapolate); ask for fewer or use --method crop")
+
+
+@torch.no_grad()
+def generate_truncated(model, idx, max_new_tokens, temperature, top_k):
+    """crop for an absolute encoding: each token from its last block_size tokens at positions 0 .. L-1
+    (nanoGPT's sampling). No cache: the kept tokens change position at every step; a window mask over the
+    cache would instead feed positions past L to the position table."""
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -model.config.block_size:])
+        idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
+    return idx
+
+
+def sample(args):
+    """Print and return the samples (prompt + continuation, as text)."""
+    ckpt = load_checkpoint(args["run_dir"], args["device"])
+    model = model_from_checkpoint(ckpt).to(args["device"]).eval()
+    cfg = model.config
+    enc = gpt2_tokenizer(cfg.vocab_size)  # the run's vocabulary: the data is not needed, only its size
+    text = args["prompt"]
+    if args["prompt_file"]:
+        with open(args["prompt_file"], encoding="utf-8") as f:
+            text = f.read()
+        if not text:
+            raise ValueError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
+    # an <|endoftext|> in the prompt is the document boundary the model was trained with
+    prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
+    text = text or ""
+    total = len(prompt) + args["max_new_tokens"]
+    method = args["method"]
+    check_fits(cfg, method, total)
+    factor = method_factor(method, args["factor"], total, cfg.block_size)
+    kwargs = positions(method, factor, cfg.block_size)
+    print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={cfg.block_size}; {len(prompt)} prompt + "
+          f"{args['max_new_tokens']} new tokens = {total / cfg.block_size:.3g} L; method {method}: {kwargs or 'as trained'}",
+          file=sys.stderr)
+    torch.manual_seed(args["seed"])
+    idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
+    _, ctx = autocast("auto", torch.device(args["device"]).type)
+    with ctx:
+        if method == "crop" and cfg.pos_emb in ABSOLUTE:
+            out = generate_truncated(model, idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None)
+        else:
+            out = model.generate(idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None, **kwargs)
+    samples = [text + enc.decode(row[len(prompt):].tolist()) for row in out]
+    for s in samples:
+        print(s, end="\n---------------\n")
+    return samples
+
+
+def main(argv):
+    return run_cli("sample.py", lambda: sample(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
