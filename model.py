@@ -151,10 +151,20 @@ def per_query_rope_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     return torch.cat(out[::-1], dim=2)
 
 
+def attention_entropy(q, k, mask):
+    """Entropy (nats) of each query's attention distribution [T], mean over batch and heads. mask: bool
+    (may attend) or a float bias [.., T, Tk] that carries the masking as -inf."""
+    att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))
+    att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask.float()
+    p = att.softmax(dim=-1)
+    return -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
+
+
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
+        self.record = None  # a list to append each forward's attention entropy to (eval/probes.py); None: off
         self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
         self.layout = config.rope_layout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
@@ -181,6 +191,8 @@ class CausalSelfAttention(nn.Module):
                 mask = alibi.to(q.dtype)
             else:
                 mask = None if plain and (T == Tk or T == 1) else visible(T, Tk, window, x.device)
+            if self.record is not None:
+                self.record.append(attention_entropy(q, k, visible(T, Tk, window, x.device) if mask is None else mask))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)

@@ -1,7 +1,7 @@
 """
 Does the model use the longer context? Retrieval probes and a look inside the rotation, per scaling method.
 
-    python eval/probes.py out/retrieval_small [--probes copy,passkey,rotation] [--methods none,crop,pi,...]
+    python eval/probes.py out/retrieval_small [--probes copy,passkey,rotation,entropy] [--methods none,crop,pi,...]
         [--distances 0.25,0.5,0.875,2,4,8,16] [--lengths 1,2,4,8] [--depths 0,0.25,0.5,0.75,1]
         [--trials N] [--segment 32] [--seed 0] [--device auto] [--out DIR] [--no-wandb]
 
@@ -11,6 +11,8 @@ passkey:  a 5-digit key stated at a depth of held-out text of a given length and
           teacher-forced log-probability of the key's tokens and greedy exact match (chance: 1e-5).
 rotation: per RoPE frequency pair and method, full turns over the training and the evaluation length, and
           whether the method keeps (extrapolates), interpolates or blends the pair. No model forward.
+entropy:  attention entropy by query position (mean over layers, heads and windows of held-out text) at
+          each of --lengths, per method, next to the uniform distribution's log(t + 1).
 Methods are eval/extrapolate.py's (same names, same factor rule: eval length / training length), scored
 through eval/score.py's score_rows. A run that does not copy inside its training length is reported as
 such: its probe results say nothing about the methods. Writes probes.json, probes.csv and probe_<name>.png.
@@ -26,17 +28,20 @@ import math  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from data.dataset import doc_windows, load_split  # noqa: E402
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab  # noqa: E402
 from data.tokenizer import gpt2_tokenizer  # noqa: E402
-from eval.extrapolate import ABSOLUTE, ANY_POSITIONS, METHODS, number, parse_list, positions, unavailable  # noqa: E402
+from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, number, parse_list,  # noqa: E402
+                              positions, unavailable)
 from eval.score import load_run, score_rows  # noqa: E402
 from rope import rope_frequencies  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
-PROBES = ("copy", "passkey", "rotation")
+PROBES = ("copy", "passkey", "rotation", "entropy")
+ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
 RETRIEVES = 0.5  # top-1 on copies inside the training length above which a run counts as one that copies
 CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_stderr", "top1", "top1_stderr",
               "exact", "exact_stderr", "trials", "available", "reason")
@@ -77,7 +82,7 @@ def parse_args(argv):
 
 # ----------------------------------------------------------------------------- scoring
 
-def score_method(model, rows, method):
+def score_method(model, rows, method, tokens_per_batch=16384):
     """(NLL, top-1 hit) [N, n] of rows [N, n+1] under a method, or (None, reason). Probe targets sit at the
     end of each row, so crop of an absolute encoding (truncation) scores only the row's last L tokens."""
     L, n = model.config.block_size, rows.shape[1] - 1
@@ -86,8 +91,8 @@ def score_method(model, rows, method):
         return None, reason
     factor = None if method in ANY_POSITIONS else 1.0 if method == "dynamic-ntk" else max(1.0, n / L)
     if method == "crop" and model.config.pos_emb in ABSOLUTE and n > L:
-        return score_rows(model, rows[:, -(L + 1):]), None
-    return score_rows(model, rows, **positions(method, factor, L)), None
+        return score_rows(model, rows[:, -(L + 1):], tokens_per_batch), None
+    return score_rows(model, rows, tokens_per_batch, **positions(method, factor, L)), None
 
 
 def mean_err(x):
@@ -194,6 +199,41 @@ def pair_kind(ratio, factor):
     return "interpolated" if abs(ratio * factor - 1) < 1e-6 else "blended"
 
 
+# ----------------------------------------------------------------------------- attention entropy
+
+def entropy_probe(model, tokens, docs, args):
+    """Per length and method: attention entropy by query position, binned, mean over layers and heads."""
+    L = model.config.block_size
+    rng = np.random.default_rng(args["seed"] + 2)
+    layers = [block.attn for block in model.transformer.h]
+    out = []
+    for mult in args["lengths"]:
+        n = round(mult * L)
+        rows = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, ENTROPY_WINDOWS, rng)])
+        edges = bin_edges(n, "linear")
+        for method in args["methods"]:
+            if method == "crop" and model.config.pos_emb in ABSOLUTE and n > L:
+                out.append(entry("entropy", method, n, "crop of an absolute encoding is truncation: no attention over the window"))
+                continue
+            for attn in layers:
+                attn.record = []
+            try:  # one window per forward: the explicit attention matrix is [heads, n, n]
+                _, reason = score_method(model, rows, method, tokens_per_batch=n)
+                per_layer = [torch.stack(attn.record).mean(0) for attn in layers] if not reason else None
+            finally:
+                for attn in layers:
+                    attn.record = None
+            if reason:
+                out.append(entry("entropy", method, n, reason))
+                continue
+            curve = torch.stack(per_layer).mean(0).double().cpu().numpy()
+            x = (edges[:-1] + edges[1:] - 1) / 2
+            out.append(entry("entropy", method, n, x=x.tolist(), uniform=np.log(x + 1).round(4).tolist(),
+                             entropy=[round(float(curve[a:b].mean()), 4) for a, b in zip(edges[:-1], edges[1:])],
+                             entropy_beyond_train=float(curve[L:].mean()) if n > L else None, trials=len(rows)))
+    return out
+
+
 # ----------------------------------------------------------------------------- outputs
 
 def write_csv(results, path):
@@ -201,7 +241,7 @@ def write_csv(results, path):
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in results:
-            if r["probe"] != "rotation":  # per-pair lists live in the JSON
+            if r["probe"] in ("copy", "passkey"):  # per-pair and per-position lists live in the JSON
                 w.writerow({k: "" if r.get(k) is None else r[k] for k in CSV_FIELDS})
 
 
@@ -279,8 +319,31 @@ def plot_rotation(report, path):
         ax.set(yscale="log", title=f"eval length {T}", xlabel="frequency pair i (high to low frequency)",
                ylabel="full turns over the length")
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"rotation, {report['run']}: turns per pair over the evaluation length; a pair whose turns stay "
-                 f"below the dashed line never rotates further than training saw", fontsize=10)
+    fig.suptitle(f"rotation, {report['run']}: turns per pair; below the dashed line (turns over the training "
+                 f"length) a pair never rotates further than training saw", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_entropy(report, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rs = [r for r in report["results"] if r["probe"] == "entropy" and r["available"]]
+    lens = sorted({r["eval_len"] for r in rs})
+    fig, axes = plt.subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)
+    for ax, T in zip(axes[0], lens):
+        for r in (r for r in rs if r["eval_len"] == T):
+            i = report["methods"].index(r["method"])
+            style = dict(color="k", ls="--") if r["method"] == "crop" else dict(color=f"C{i % 10}")
+            ax.plot(r["x"], r["entropy"], lw=1.2, label=r["method"], **style)
+        first = next(r for r in rs if r["eval_len"] == T)
+        ax.plot(first["x"], first["uniform"], color="grey", ls=":", lw=1, label="uniform")
+        ax.axvline(report["train_len"], color="grey", ls=":", lw=1)
+        ax.set(title=f"eval length {T}", xlabel="query position", ylabel="attention entropy (nats)")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"attention entropy, {report['run']}: mean over layers, heads and {ENTROPY_WINDOWS} windows", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -289,9 +352,9 @@ def plot_rotation(report, path):
 def log_wandb(report, ckpt, pngs):
     import wandb
     run = init_wandb(ckpt["config"], "probes", group=ckpt["config"].get("wandb_group") or report["run"])
-    rows = [[r.get(k) for k in CSV_FIELDS] for r in report["results"] if r["probe"] != "rotation"]
+    rows = [[r.get(k) for k in CSV_FIELDS] for r in report["results"] if r["probe"] in ("copy", "passkey")]
     run.log({"probes/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows),
-             "probes/retrieves": report["retrieval"]["retrieves"],
+             "probes/retrieves": (report["retrieval"] or {}).get("retrieves"),
              **{f"probes/{p.stem}": wandb.Image(str(p)) for p in pngs}})
     run.finish()
 
@@ -301,9 +364,9 @@ def log_wandb(report, ckpt, pngs):
 def probes(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     L, vocab = model.config.block_size, model.config.vocab_size
-    if "passkey" in args["probes"] or "copy" in args["probes"]:
+    if {"passkey", "copy", "entropy"} & set(args["probes"]):
         tokens, docs = load_split(data_dir, "val")
-    methods = [m for m in args["methods"] if model.config.pos_emb == "rope" or m in ANY_POSITIONS]
+    methods = [m for m in args["methods"] if applicable(m, model.config.pos_emb)]
     args = dict(args, methods=methods)
     t0, results = time.time(), []
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
@@ -313,6 +376,8 @@ def probes(args):
         results += passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary)
     if "rotation" in args["probes"]:
         results += rotation_probe(model, args)
+    if "entropy" in args["probes"]:
+        results += entropy_probe(model, tokens, docs, args)
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L,
                   pos_emb=model.config.pos_emb, checkpoint_iter=ckpt["iter_num"], options=args["options"],
@@ -324,7 +389,8 @@ def probes(args):
     (out / "probes.json").write_text(json.dumps(report, indent=1) + "\n")
     write_csv(results, out / "probes.csv")
     pngs = []
-    for name, draw in (("copy", plot_copy), ("passkey", plot_passkey), ("rotation", plot_rotation)):
+    for name, draw in (("copy", plot_copy), ("passkey", plot_passkey), ("rotation", plot_rotation),
+                       ("entropy", plot_entropy)):
         if name in args["probes"] and any(r["probe"] == name for r in results):
             draw(report, out / f"probe_{name}.png")
             pngs.append(out / f"probe_{name}.png")

@@ -1,4 +1,5 @@
 """The retrieval probes' generators, the rotation turn counts and the RoPE base bound, against hand computations."""
+import json
 import math
 import subprocess
 import sys
@@ -9,8 +10,9 @@ import torch
 
 from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_rows, mix_repeats, passkey_row, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
+from eval import probes
 from eval.probes import pair_kind, rotation_probe
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, attention_entropy, visible
 from rope import base_bound_curve, first_negative, smallest_base
 
 
@@ -128,3 +130,63 @@ def test_probes_bad_input_is_one_line(tmp_path, args, message):
 def test_base_bound_bad_input_is_one_line():
     out = subprocess.run([sys.executable, "eval/base_bound.py", "--head_dim", "33"], capture_output=True, text=True)
     assert out.returncode == 1 and "even head dimension" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_attention_entropy_of_uniform_attention_is_log_of_the_keys_seen():
+    # q = 0: every visible key gets the same weight, so query t (seeing t + 1 keys) has entropy log(t + 1);
+    # a window of 3 caps it at log 3
+    q, k = torch.zeros(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+    assert attention_entropy(q, k, visible(6, 6, None, "cpu")).tolist() == pytest.approx(np.log(np.arange(1, 7)), abs=1e-5)
+    capped = attention_entropy(q, k, visible(6, 6, 3, "cpu")).tolist()
+    assert capped == pytest.approx(np.log([1, 2, 3, 3, 3, 3]), abs=1e-5)
+
+
+def test_the_entropy_recorded_in_a_forward_matches_an_explicit_softmax():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    idx = torch.randint(32, (1, 16))
+    attn = model.transformer.h[0].attn
+    attn.record = []
+    with torch.no_grad():
+        model(idx)
+        x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
+        q, k, _ = (t.view(1, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(x).split(16, dim=2))
+        rope = model.rotary(16, None, False, "cpu")
+        from rope import apply_rope
+        q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
+        p = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).masked_fill(~visible(16, 16, None, "cpu"), float("-inf")).softmax(-1)
+    expected = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
+    assert attn.record[0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_probes_write_every_output_and_say_whether_the_run_copies(tmp_path_factory, dataset):
+    from tests.test_eval import trained
+    run_dir = trained(tmp_path_factory, dataset, "retrieval", retrieval_mix=0.5, retrieval_segment=4, retrieval_vocab=16)
+    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["iter"] == 40 and 0 <= log[-1]["copy_top1"] <= 1  # the mixture's copy check is logged
+    out = tmp_path_factory.mktemp("probes")
+    report = probes.probes(probes.parse_args([str(run_dir), "--out", str(out), "--trials", "2", "--segment", "4",
+                                             "--distances", "0.5,2", "--lengths", "2,4", "--depths", "0,1",
+                                             "--methods", "none,crop,yarn", "--no-wandb"]))
+    for name in ("probes.json", "probes.csv", "probe_copy.png", "probe_passkey.png", "probe_rotation.png", "probe_entropy.png"):
+        assert (out / name).is_file()
+    by = {p: [r for r in report["results"] if r["probe"] == p] for p in probes.PROBES}
+    assert len(by["copy"]) == 2 * 3 and len(by["passkey"]) == 2 * 2 * 3 and len(by["entropy"]) == 2 * 3
+    assert {r["distance"] for r in by["copy"]} == {16, 64} and report["random_vocab"] == 16
+    inside = [r["top1"] for r in by["copy"] if r["method"] == "none" and r["distance"] == 16]
+    assert report["retrieval"]["inside_top1"] == pytest.approx(inside[0])
+    assert report["retrieval"]["retrieves"] == (inside[0] >= probes.RETRIEVES)
+    assert all(r["trials"] == 2 and 0 <= r["exact"] <= 1 for r in by["passkey"])
+    uniform = [r for r in by["entropy"] if r["method"] == "none" and r["eval_len"] == 64][0]
+    assert all(0 <= e <= u + 1e-6 for e, u in zip(uniform["entropy"], uniform["uniform"]))  # below the uniform maximum
+
+
+def test_a_learned_table_gets_only_crop_past_its_length(tmp_path_factory, dataset):
+    from tests.test_eval import trained
+    run_dir = trained(tmp_path_factory, dataset, "learned", pos_emb="learned")
+    report = probes.probes(probes.parse_args([str(run_dir), "--out", str(tmp_path_factory.mktemp("p")), "--trials", "2",
+                                             "--segment", "4", "--distances", "0.5,2", "--lengths", "2,4",
+                                             "--depths", "0.5", "--probes", "copy,passkey", "--no-wandb"]))
+    assert report["methods"] == ["none", "crop"]  # the RoPE methods do not apply
+    for r in report["results"]:
+        assert r["available"] == (r["eval_len"] <= 32 or r["method"] == "crop"), r
