@@ -34,7 +34,7 @@ MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 DEFAULTS = dict(
     # I/O
     out_dir="out/default",
-    init_from="scratch",  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
     eval_interval=250,  # iterations between validation loss and checkpoint
     eval_iters=20,  # batches per validation estimate
     log_interval=25,
@@ -72,7 +72,9 @@ DEFAULTS = dict(
     compile=False,  # torch.compile the model
     seed=1337,
 )
-CHOICES = dict(init_from=("scratch", "resume"), dtype=("auto", "float32", "bfloat16", "float16"))
+# what a fine-tune (init_from a run) may change; every other model key must match the run it starts from
+FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")
+CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"))
 POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
 
 
@@ -158,6 +160,26 @@ def base_bound_note(cfg, eval_multiple=16):
             f"B_m < 0 from distance {m}, head dim {head_dim} (python eval/base_bound.py --head_dim {head_dim})")
 
 
+def finetune_source(config, meta, device):
+    """(checkpoint a fine-tune starts from, its origin record) for init_from = a run folder or ckpt.pt."""
+    path = config["init_from"]
+    src = load_checkpoint(path, device)
+    args = src["model_args"]
+    differ = [f"{k}={args.get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS
+              if k not in FINETUNE_KEYS and args.get(k) != config[k]]
+    if args["vocab_size"] != meta["vocab_size"]:
+        differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
+    if config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
+        differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
+    if differ:
+        raise ValueError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
+                         f"may change only {', '.join(FINETUNE_KEYS)}")
+    # the original training length stays the one the first run was trained at, through chains of fine-tunes
+    origin = dict(init_from=str(path), iter_num=src["iter_num"],
+                  train_len=(src.get("origin") or {}).get("train_len") or args["block_size"])
+    return src, origin
+
+
 def prepare_if_missing(dataset):
     if dataset == "shakespeare" and not (data_dir(dataset) / "meta.json").exists():
         print("no prepared data yet: preparing data/shakespeare (once)")
@@ -235,10 +257,14 @@ def train(config):
     splits = {s: load_split(data_dir(config["dataset"]), s)[0] for s in ("train", "val")}
     out_dir = Path(config["out_dir"])
     rng = np.random.default_rng(config["seed"] + rank)
-    iter_num, best_val_loss, ckpt = 0, float("inf"), None
+    iter_num, best_val_loss, ckpt, source, origin = 0, float("inf"), None, None, None
+    if config["init_from"] not in ("scratch", "resume"):
+        source, origin = finetune_source(config, meta, device)
+        print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
+              f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}")
     if config["init_from"] == "resume":
         ckpt = resume(config, out_dir, meta, device)
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        iter_num, best_val_loss, origin = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("origin")
         if master:
             rng.bit_generator.state = ckpt["rng"]["numpy"]
             torch.set_rng_state(ckpt["rng"]["torch"].cpu())
@@ -248,6 +274,9 @@ def train(config):
 
     gptconf = model_config(config, meta["vocab_size"])
     model = GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt)
+    if source is not None:
+        model.load_state_dict(source["model"])
+        source = None  # free memory
     model.to(device)
     optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
                                            (config["beta1"], config["beta2"]), device_type)
@@ -277,6 +306,7 @@ def train(config):
     def checkpoint():
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                          "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
+                         "origin": origin,
                          "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
                          "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}},
                         out_dir / "ckpt.pt")

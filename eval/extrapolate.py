@@ -118,14 +118,15 @@ def number(text, name, convert, minimum):
 
 # ----------------------------------------------------------------------------- methods
 
-def positions(method, factor, train_len):
+def positions(method, factor, train_len, window=None):
     """GPT.forward's position arguments for a method: a Hugging Face style rope_scaling dict, an attention
-    window or log-n scaling (docs/methodology.md has each definition)."""
+    window or log-n scaling (docs/methodology.md has each definition). train_len: the original training
+    length the methods scale from; window: crop's window (default train_len; a fine-tuned run's own length)."""
     s, L = factor, train_len
     yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
     return {
         "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
-        "crop": {"window": L},
+        "crop": {"window": window or L},
         "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
         "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
         # factor is transformers' extra multiplier a here, not the length ratio
@@ -142,6 +143,11 @@ def positions(method, factor, train_len):
 def applicable(method, pos_emb):
     # every method applies to RoPE (p-RoPE included: its rotating pairs are scaled as in full RoPE)
     return pos_emb == "rope" or method in ANY_POSITIONS
+
+
+def original_len(ckpt):
+    """The length a run's first training was at: its block_size, or for a fine-tune the one it started from."""
+    return (ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"]
 
 
 def unavailable(model, method, protocol, eval_len):
@@ -258,7 +264,7 @@ def run_grid(model, tokens, docs, args, train_len):
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         if stride is not None and stride > T:
             raise ValueError(f"--stride {stride} is longer than the evaluation length {T}; use a stride <= {T}")
-        kwargs = dict(positions(method, factor, train_len), causal_dynamic=mode == "causal")
+        kwargs = dict(positions(method, factor, train_len, model.config.block_size), causal_dynamic=mode == "causal")
         entry = dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
                      positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts))
         t0 = time.time()
@@ -360,10 +366,13 @@ def plot(report, path):
                 bottom.fill_between(x, d - de, d + de, alpha=0.15, color=style["color"], lw=0)
         for ax in (top, bottom):
             ax.axvline(L, color="grey", ls=":", lw=1)
+            if report.get("context_len", L) != L:  # a fine-tuned run: its own training length too
+                ax.axvline(report["context_len"], color="grey", ls="-.", lw=1)
             ax.set_xscale("log" if report["bins"] == "log" else "linear")
         bottom.axhline(0, color="grey", lw=0.8)
         n = min(r["n_units"] for r in entries if r["eval_len"] == T)
-        top.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}",
+        tuned = f", dash-dot: fine-tuned at {report['context_len']}" if report.get("context_len", L) != L else ""
+        top.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
                 ylabel="NLL (mean over windows, binned)")
         bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)")
         top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
@@ -393,7 +402,12 @@ def log_wandb(report, ckpt, png):
 
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
-    train_len, pos_emb = model.config.block_size, model.config.pos_emb
+    # a fine-tuned run is scored against the length its first run was trained at (lengths, factors, methods);
+    # crop keeps the run's own block_size, the longest context its weights were trained on
+    train_len, pos_emb = original_len(ckpt), model.config.pos_emb
+    if train_len != model.config.block_size:
+        print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
+              f"{model.config.block_size}, crop's window")
     dropped = [m for m in args["methods"] if not applicable(m, pos_emb)]
     if dropped:
         kept = [m for m in args["methods"] if applicable(m, pos_emb)]
@@ -408,7 +422,7 @@ def extrapolate(args):
     tokens, docs = load_split(data_dir, "val")
     t0 = time.time()
     results, units = run_grid(model, tokens, docs, args, train_len)
-    report = dict(train_len=train_len, pos_emb=pos_emb, run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
+    report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb, run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
                   checkpoint_iter=ckpt["iter_num"], options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"],
                   stride=args["stride"] or "half", bins=args["bins"], dataset=str(data_dir),
                   seconds=round(time.time() - t0, 1), seconds_by_method=timing(results), units=units, results=results)

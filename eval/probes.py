@@ -34,8 +34,8 @@ from tqdm import tqdm  # noqa: E402
 from data.dataset import doc_windows, load_split  # noqa: E402
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab  # noqa: E402
 from data.tokenizer import gpt2_tokenizer  # noqa: E402
-from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, number, parse_list,  # noqa: E402
-                              positions, unavailable)
+from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, number, original_len,  # noqa: E402
+                              parse_list, positions, unavailable)
 from eval.score import load_run, score_rows  # noqa: E402
 from rope import rope_frequencies  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
@@ -82,17 +82,19 @@ def parse_args(argv):
 
 # ----------------------------------------------------------------------------- scoring
 
-def score_method(model, rows, method, tokens_per_batch=16384):
+def score_method(model, rows, method, tokens_per_batch=16384, train_len=None):
     """(NLL, top-1 hit) [N, n] of rows [N, n+1] under a method, or (None, reason). Probe targets sit at the
-    end of each row, so crop of an absolute encoding (truncation) scores only the row's last L tokens."""
+    end of each row, so crop of an absolute encoding (truncation) scores only the row's last L tokens.
+    train_len: the length the methods scale from (a fine-tuned run's original one; default block_size)."""
     L, n = model.config.block_size, rows.shape[1] - 1
+    L0 = train_len or L
     reason = unavailable(model, method, "windows", n)
     if reason:
         return None, reason
-    factor = None if method in ANY_POSITIONS else 1.0 if method == "dynamic-ntk" else max(1.0, n / L)
+    factor = None if method in ANY_POSITIONS else 1.0 if method == "dynamic-ntk" else max(1.0, n / L0)
     if method == "crop" and model.config.pos_emb in ABSOLUTE and n > L:
         return score_rows(model, rows[:, -(L + 1):], tokens_per_batch), None
-    return score_rows(model, rows, tokens_per_batch, **positions(method, factor, L)), None
+    return score_rows(model, rows, tokens_per_batch, **positions(method, factor, L0, L)), None
 
 
 def mean_err(x):
@@ -118,7 +120,7 @@ def copy_probe(model, tokens, docs, args, vocab):
         filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
         rows = copy_rows(filler, rng, k, [d] * len(filler), vocab)
         for method in tqdm(args["methods"], desc=f"copy d={d}", leave=False):
-            (scored, reason) = score_method(model, rows, method)
+            (scored, reason) = score_method(model, rows, method, train_len=args["train_len"])
             if reason:
                 out.append(entry("copy", method, n, reason, distance=d))
                 continue
@@ -152,7 +154,7 @@ def passkey_probe(model, tokens, docs, args, encode):
             trials = [passkey_row(tokens[s:s + n], encode, int(key), depth) for s, key in zip(starts, keys)]
             rows = np.stack([r for r, _ in trials])
             for method in args["methods"]:
-                (scored, reason) = score_method(model, rows, method)
+                (scored, reason) = score_method(model, rows, method, train_len=args["train_len"])
                 if reason:
                     out.append(entry("passkey", method, n, reason, depth=depth))
                     continue
@@ -174,7 +176,7 @@ def rotation_probe(model, args):
     cfg = model.config
     if cfg.pos_emb != "rope":
         return []
-    L, dim = cfg.block_size, cfg.n_embd // cfg.n_head
+    L, dim = args.get("train_len") or cfg.block_size, cfg.n_embd // cfg.n_head
     base = rope_frequencies(dim, cfg.rope_base)[0].double()
     out = []
     for mult in args["lengths"]:
@@ -218,7 +220,7 @@ def entropy_probe(model, tokens, docs, args):
             for attn in layers:
                 attn.record = []
             try:  # one window per forward: the explicit attention matrix is [heads, n, n]
-                _, reason = score_method(model, rows, method, tokens_per_batch=n)
+                _, reason = score_method(model, rows, method, n, args["train_len"])
                 per_layer = [torch.stack(attn.record).mean(0) for attn in layers] if not reason else None
             finally:
                 for attn in layers:
@@ -367,7 +369,7 @@ def probes(args):
     if {"passkey", "copy", "entropy"} & set(args["probes"]):
         tokens, docs = load_split(data_dir, "val")
     methods = [m for m in args["methods"] if applicable(m, model.config.pos_emb)]
-    args = dict(args, methods=methods)
+    args = dict(args, methods=methods, train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
     t0, results = time.time(), []
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     if "copy" in args["probes"]:

@@ -63,7 +63,8 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     if done is None or done[0] < done[1]:
         resume = ["--init_from=resume"] if done else []
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
-                               f"--wandb_group={out.name}", f"--wandb_run_name={name}", *resume, *train_args])
+                               f"--wandb_group={out.name}", f"--wandb_run_name={name}", *resume,
+                               *(a.replace("{seed}", str(seed)) for a in train_args)])
         done = last_iter(run_dir)
     report = run_dir / "extrapolation.json"
     current = report.is_file() and load_report(run_dir)
@@ -239,7 +240,8 @@ def parse_args(argv):
     p.add_argument("configs", nargs="+", help="config files (configs/*.py)")
     p.add_argument("--seeds", default="3", help="training seeds 0 .. N-1 per config (default 3)")
     p.add_argument("--out", default="out/study", help="the study folder (default out/study); its name is the wandb group")
-    p.add_argument("--train_args", default="", help="extra train.py overrides, e.g. \"--max_iters=500\"")
+    p.add_argument("--train_args", default="", help="extra train.py overrides, e.g. \"--max_iters=500\"; {seed} is "
+                   "replaced by the seed (fine-tunes: \"--init_from=out/study/rope_small_seed{seed}\")")
     p.add_argument("--eval_args", default="", help="extra eval/extrapolate.py options, e.g. \"--lengths 1,4,16\"")
     p.add_argument("--probe_args", default=None, help="run eval/probes.py on every run with these options "
                    "(\"\" for its defaults); default: no probes")

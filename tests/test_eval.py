@@ -358,3 +358,17 @@ def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
         compare.main([str(tmp_path / "nothing")])
     assert str(e.value) == (f"compare.py: error: no {tmp_path / 'nothing' / 'extrapolation.json'}; "
                             f"evaluate the run first: python eval/extrapolate.py {tmp_path / 'nothing'}")
+
+
+def test_a_fine_tuned_run_is_scored_from_its_original_length(rope_run, dataset, tmp_path_factory):
+    tuned = tmp_path_factory.mktemp("ft") / "tuned"
+    cfg = dict(dataset=dataset, out_dir=str(tuned), init_from=str(rope_run), batch_size=4, block_size=2 * L, n_layer=1,
+               n_head=2, n_embd=32, rope_scaling={"rope_type": "linear", "factor": 2.0}, max_iters=2, eval_interval=2,
+               eval_iters=1, warmup_iters=1, wandb_log=False, device="cpu")
+    train.main([f"--{k}={v}" for k, v in cfg.items()])
+    report = run(tuned, tmp_path_factory.mktemp("ft_eval"), "--lengths", "1,2,4", "--methods", "none,crop,pi",
+                 "--protocols", "windows")
+    assert (report["train_len"], report["context_len"]) == (L, 2 * L)
+    by = {(r["method"], r["eval_len"]): r for r in report["results"]}
+    assert by["pi", 4 * L]["factor"] == 4 and by["crop", 4 * L]["positions"]["window"] == 2 * L
+    assert by["crop", 2 * L]["loss"] == pytest.approx(by["none", 2 * L]["loss"], abs=1e-6)  # nothing cropped up to 2L

@@ -97,6 +97,41 @@ def test_resume_rejects_a_mismatched_or_corrupted_checkpoint(dataset, tmp_path):
     assert "no checkpoint at" in run_main(args(dataset, tmp_path / "empty", init_from="resume"))
 
 
+def test_fine_tune_starts_from_a_run_at_a_longer_length(dataset, tmp_path, capsys):
+    base, tuned, again = tmp_path / "base", tmp_path / "tuned", tmp_path / "again"
+    train.main(args(dataset, base, max_iters=10))
+    pi = {"rope_type": "linear", "factor": 2.0}
+    # learning rate 0: the fine-tune's weights are exactly the run it starts from, at twice the length with PI
+    train.main(args(dataset, tuned, init_from=str(base), block_size=64, rope_scaling=pi, max_iters=2,
+                    learning_rate=0, min_lr=0, eval_interval=2))
+    assert "fine-tuning from" in capsys.readouterr().out
+    a, b = weights(base), weights(tuned)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert b["iter_num"] == 2 and b["model_args"]["block_size"] == 64 and b["model_args"]["rope_scaling"] == pi
+    assert b["origin"] == dict(init_from=str(base), iter_num=10, train_len=32)
+    assert b["optimizer"]["state"][0]["step"] == 2  # a fresh optimizer: only the fine-tune's own steps
+    # a fine-tune of a fine-tune keeps the first run's length
+    train.main(args(dataset, again, init_from=str(tuned / "ckpt.pt"), block_size=128, max_iters=1, eval_interval=1))
+    assert weights(again)["origin"]["train_len"] == 32
+
+
+def test_fine_tune_bad_input_is_one_line(dataset, tmp_path):
+    base = tmp_path / "base"
+    train.main(args(dataset, base, max_iters=10))
+    assert "no checkpoint at" in run_main(args(dataset, tmp_path / "t", init_from=str(tmp_path / "nope")))
+    error = run_main(args(dataset, tmp_path / "t", init_from=str(base), n_layer=2))
+    assert "does not match this run (n_layer=1 (config: 2))" in error and "may change only block_size" in error
+    ckpt = weights(base)
+    ckpt["model_args"]["vocab_size"] = 1000
+    torch.save(ckpt, tmp_path / "other_vocab.pt")
+    assert "vocab_size=1000 (data/" in run_main(args(dataset, tmp_path / "t", init_from=str(tmp_path / "other_vocab.pt")))
+    learned = tmp_path / "learned"
+    train.main(args(dataset, learned, max_iters=10, pos_emb="learned"))
+    error = run_main(args(dataset, tmp_path / "t", init_from=str(learned), pos_emb="learned", block_size=64))
+    assert "a learned table cannot change size" in error
+    assert not (tmp_path / "t" / "ckpt.pt").exists()
+
+
 def test_bad_model_option_is_a_one_line_error(dataset, tmp_path):
     assert "RoPE needs an even head dimension" in run_main(args(dataset, tmp_path, n_embd=30, n_head=2))
     error = run_main(args(dataset, tmp_path, rope_scaling="{'rope_type': 'ntk', 'factor': 0.5}"))
