@@ -224,8 +224,10 @@ def estimate_loss(model, splits, config, ctx, device, vocab_size):
     if config["retrieval_mix"]:
         k, n = config["retrieval_segment"], config["block_size"] + 1
         x, y = get_batch(splits["val"], 4 * config["batch_size"], config["block_size"], rng)
-        rows = torch.from_numpy(copy_rows(torch.cat((x, y[:, -1:]), dim=1).numpy(), rng, k,
-                                          np.linspace(k, n - k, len(x)).round(), random_vocab(config["retrieval_vocab"], vocab_size))).to(device)
+        distances = np.linspace(k, n - k, len(x)).round()  # spread over every distance the mixture plants
+        rows = copy_rows(torch.cat((x, y[:, -1:]), dim=1).numpy(), rng, k, distances,
+                         random_vocab(config["retrieval_vocab"], vocab_size))
+        rows = torch.from_numpy(rows).to(device)
         with ctx:
             logits, _ = model(rows[:, :-1])
         losses["copy_top1"] = (logits[:, n - k:].argmax(-1) == rows[:, n - k + 1:]).float().mean().item()

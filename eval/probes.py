@@ -370,22 +370,21 @@ def probes(args):
         tokens, docs = load_split(data_dir, "val")
     methods = [m for m in args["methods"] if applicable(m, model.config.pos_emb)]
     args = dict(args, methods=methods, train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
-    t0, results = time.time(), []
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
-    if "copy" in args["probes"]:
-        results += copy_probe(model, tokens, docs, args, rvocab)
-    if "passkey" in args["probes"]:
-        results += passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary)
-    if "rotation" in args["probes"]:
-        results += rotation_probe(model, args)
-    if "entropy" in args["probes"]:
-        results += entropy_probe(model, tokens, docs, args)
+    probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
+               passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
+               rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
+    results, seconds = [], {}
+    for name in args["probes"]:
+        t0 = time.time()
+        results += probe[name]()
+        seconds[name] = round(time.time() - t0, 1)
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L,
                   pos_emb=model.config.pos_emb, checkpoint_iter=ckpt["iter_num"], options=args["options"],
                   methods=methods, trials=args["trials"], segment=args["segment"], random_vocab=rvocab,
-                  retrieval=retrieval_check(copies, L) if copies else None, seconds=None, results=results)
-    report["seconds"] = round(time.time() - t0, 1)
+                  retrieval=retrieval_check(copies, L) if copies else None, seconds=round(sum(seconds.values()), 1),
+                  seconds_by_probe=seconds, results=results)
     out = args["out"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "probes.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -397,7 +396,8 @@ def probes(args):
             draw(report, out / f"probe_{name}.png")
             pngs.append(out / f"probe_{name}.png")
     print(summary(report))
-    print(f"{len(results)} probe entries in {report['seconds']:.0f}s -> {out}/probes.{{json,csv}}, "
+    print(f"{len(results)} probe entries in {report['seconds']:.0f}s ("
+          + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, "
           + ", ".join(p.name for p in pngs))
     if args["wandb"] and ckpt["config"].get("wandb_log", False):
         log_wandb(report, ckpt, pngs)
