@@ -300,8 +300,9 @@ def train(config):
         out_dir.mkdir(parents=True, exist_ok=True)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
               f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
-        if base_bound_note(gptconf):
-            print(base_bound_note(gptconf))
+        note = base_bound_note(gptconf)
+        if note:
+            print(note)
         if config["wandb_log"]:
             run = init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, a
 import json  # noqa: E402
 
 from eval.extrapolate import number, parse_list  # noqa: E402
+from eval.report import pyplot  # noqa: E402
 from rope import base_bound_curve, first_negative, smallest_base  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
@@ -40,9 +41,7 @@ def parse_args(argv):
 
 
 def plot(head_dim, bases, max_len, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for i, base in enumerate(bases):
         curve = base_bound_curve(head_dim, base, max_len).numpy()

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import json  # noqa: E402
 
-from eval.report import fmt, label  # noqa: E402
+from eval.report import fmt, label, pyplot  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
 METRICS = ("ppl", "ppl_beyond_train")
@@ -61,9 +61,7 @@ def markdown(reports, metric, protocol):
 
 
 def plot(reports, metric, protocol, path):
-    import matplotlib
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     rows = lines(reports, protocol)
     for name, cells in rows.items():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, as in extrapolate.py
 
+from eval.report import pyplot  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
 
@@ -23,9 +24,7 @@ def read_log(run_dir):
 
 
 def curves(args):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     logs = {Path(r).name: read_log(r) for r in args.runs}
     metrics = ["val"] + (["copy_top1"] if any("copy_top1" in e for log in logs.values() for e in log) else [])
     fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)

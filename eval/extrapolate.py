@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from data.dataset import doc_windows, load_split  # noqa: E402
-from eval.report import fmt, label  # noqa: E402
+from eval.report import fmt, label, pyplot  # noqa: E402
 from eval.score import load_run, score_sliding, score_windows  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
@@ -202,6 +202,7 @@ def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kw
 
 def mean_stderr(per_unit):
     """Mean over units and its standard error (None with one unit)."""
+    per_unit = np.asarray(per_unit, dtype=np.float64)
     n = len(per_unit)
     return float(per_unit.mean()), float(per_unit.std(ddof=1) / math.sqrt(n)) if n > 1 else None
 
@@ -337,9 +338,7 @@ def write_csv(report, path):
 def plot(report, path):
     """Per evaluation length past the training length: loss by position with a band of one standard error
     over windows (top) and the paired difference to `none` (bottom); crop in black."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     L = report["train_len"]
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = sorted({r["eval_len"] for r in entries})

@@ -34,8 +34,9 @@ from tqdm import tqdm  # noqa: E402
 from data.dataset import doc_windows, load_split  # noqa: E402
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab  # noqa: E402
 from data.tokenizer import gpt2_tokenizer  # noqa: E402
-from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, number, original_len,  # noqa: E402
-                              parse_list, positions, unavailable)
+from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr, number,  # noqa: E402
+                              original_len, parse_list, positions, unavailable)
+from eval.report import pyplot  # noqa: E402
 from eval.score import load_run, score_rows  # noqa: E402
 from rope import rope_frequencies  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
@@ -97,11 +98,6 @@ def score_method(model, rows, method, tokens_per_batch=16384, train_len=None):
     return score_rows(model, rows, tokens_per_batch, **positions(method, factor, L0, L)), None
 
 
-def mean_err(x):
-    x = np.asarray(x, dtype=np.float64)
-    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None
-
-
 def entry(probe, method, eval_len, reason=None, **fields):
     out = dict(probe=probe, method=method, eval_len=eval_len, available=reason is None, reason=reason)
     return {**out, **fields}
@@ -125,8 +121,8 @@ def copy_probe(model, tokens, docs, args, vocab):
                 out.append(entry("copy", method, n, reason, distance=d))
                 continue
             nll, hit = (a[:, -(k - 1):] for a in scored)
-            loss, loss_err = mean_err(nll.mean(axis=1))
-            top1, top1_err = mean_err(hit.mean(axis=1))
+            loss, loss_err = mean_stderr(nll.mean(axis=1))
+            top1, top1_err = mean_stderr(hit.mean(axis=1))
             out.append(entry("copy", method, n, distance=d, loss=loss, loss_stderr=loss_err, top1=top1,
                              top1_stderr=top1_err, trials=len(rows)))
     return out
@@ -161,8 +157,8 @@ def passkey_probe(model, tokens, docs, args, encode):
                 nll, hit = scored
                 logprob = [-nll[i, -m:].sum() for i, (_, m) in enumerate(trials)]
                 exact = [hit[i, -m:].all() for i, (_, m) in enumerate(trials)]
-                loss, loss_err = mean_err([-x for x in logprob])
-                acc, acc_err = mean_err(exact)
+                loss, loss_err = mean_stderr([-x for x in logprob])
+                acc, acc_err = mean_stderr(exact)
                 out.append(entry("passkey", method, n, depth=depth, loss=loss, loss_stderr=loss_err,
                                  exact=acc, exact_stderr=acc_err, trials=len(rows)))
     return out
@@ -248,9 +244,7 @@ def write_csv(results, path):
 
 
 def plot_copy(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     L = report["train_len"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, method in enumerate(report["methods"]):
@@ -278,9 +272,7 @@ def plot_copy(report, path):
 
 
 def plot_passkey(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rs = [r for r in report["results"] if r["probe"] == "passkey"]
     methods, lens = report["methods"], sorted({r["eval_len"] for r in rs})
     depths = sorted({r["depth"] for r in rs})
@@ -305,9 +297,7 @@ def plot_passkey(report, path):
 
 
 def plot_rotation(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rs = [r for r in report["results"] if r["probe"] == "rotation"]
     lens = sorted({r["eval_len"] for r in rs})
     fig, axes = plt.subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)
@@ -329,9 +319,7 @@ def plot_rotation(report, path):
 
 
 def plot_entropy(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rs = [r for r in report["results"] if r["probe"] == "entropy" and r["available"]]
     lens = sorted({r["eval_len"] for r in rs})
     fig, axes = plt.subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)

@@ -7,3 +7,11 @@ def label(r):
 
 def fmt(x, digits=2):
     return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (the Agg backend: never a window, works without a display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from eval.compare import load_report  # noqa: E402
-from eval.report import fmt, label  # noqa: E402
+from eval.report import fmt, label, pyplot  # noqa: E402
 from runtime import ROOT, arg_parser, run_cli  # noqa: E402
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop")
@@ -187,9 +187,7 @@ def probe_markdown(rows, seeds):
 
 def plot(rows, path):
     """Per config: perplexity against length with 95% intervals (top), loss minus crop (bottom); windows protocol."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel

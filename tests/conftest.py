@@ -1,6 +1,7 @@
 """Fixtures shared by the test files."""
 import numpy as np
 import pytest
+import torch
 
 from data.text.prepare import prepare
 
@@ -16,3 +17,13 @@ def dataset(tmp_path_factory):
     for i in range(6):
         (folder / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, 3000)))
     return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
+
+
+@pytest.fixture
+def one_thread():
+    # many tiny torch ops (token-by-token decoding, the base scan): on a 2-core machine that is also
+    # training, OpenMP hand-offs between busy cores cost far more than the work itself
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

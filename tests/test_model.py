@@ -16,15 +16,6 @@ def tiny(**kw):
     return GPT(GPTConfig(**{**cfg, **kw})).eval()
 
 
-@pytest.fixture
-def one_thread():
-    # token-by-token decoding is many tiny forwards: on a 2-core machine that is also training, OpenMP
-    # hand-offs between busy cores cost far more than the work itself
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def sharpen(model):
     # random init attends almost uniformly; scaled q/k make the position encoding matter

@@ -281,15 +281,6 @@ def test_bad_rope_fraction_is_a_clear_error(fraction, message):
         rope_frequencies(D, BASE, fraction=fraction)
 
 
-@pytest.fixture
-def one_thread():
-    # the base scan is hundreds of small cos/sum ops: on a 2-core machine that is also training,
-    # OpenMP hand-offs between busy cores cost ten times the work itself
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_base_bound_curve_by_hand():
     assert base_bound_curve(128, BASE, 10)[0] == 64  # B_0 = d / 2

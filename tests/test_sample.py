@@ -17,14 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 L = 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # decoding is hundreds of tiny forwards: on a 2-core machine that is also training, OpenMP hand-offs
-    # between busy cores made them 100 times slower than one thread
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# decoding is hundreds of tiny forwards: one thread for every test here (tests/conftest.py's one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(vocab_size=97, **kw):
