@@ -68,7 +68,7 @@ class GPTConfig:
 class Rotary(NamedTuple):
     inv_freq: torch.Tensor  # [1 or T queries, head_dim / 2]
     attention_factor: float  # multiplies cos and sin (YaRN's temperature)
-    cos: torch.Tensor  # [T, head_dim / 2] of row 0 of inv_freq, once per forward for every layer
+    cos: torch.Tensor  # [T, head_dim] tables of row 0 of inv_freq (rope.rope_cos_sin), shared by every layer
     sin: torch.Tensor
 
 
@@ -141,7 +141,7 @@ def per_query_rope_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)
     for s in reversed(range(0, T, chunk)):
         e = min(s + chunk, T)
-        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor)  # (C, e, D/2): a table per query
+        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor, layout)  # (C, e, D): a table per query
         keys = apply_rope(k[:, :, None, :e], cos, sin, layout)  # (B, H, C, e, D)
         own = (torch.arange(e - s, device=q.device), pos[s:e])  # each query's own position in its table
         query = apply_rope(q[:, :, s:e], cos[own], sin[own], layout)  # (B, H, C, D)
@@ -173,20 +173,25 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope, alibi, cache, window, logn_len):
         B, T, C = x.size()
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        H = self.n_head
+        qkv = self.c_attn(x).view(B, T, 3 * H, C // H).transpose(1, 2)  # [B, 3H, T, head_dim]
+        q, k, v = qkv.split(H, dim=1)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         Tk = k.size(2)  # with a cache the T new queries are the last T of Tk positions
-        if logn_len:
+        rotate = rope is not None and rope.inv_freq.size(0) == 1  # else every query has its own frequencies
+        if rotate and cache is None:  # a full forward: q and k in one rotation
+            q, k = apply_rope(qkv[:, :2 * H], rope.cos, rope.sin, self.layout).split(H, dim=1)
+        elif rotate:  # the cache keeps keys unrotated, since dynamic scaling changes their angles as it grows
+            q = apply_rope(q, rope.cos[Tk - T:], rope.sin[Tk - T:], self.layout)
+            k = apply_rope(k, rope.cos, rope.sin, self.layout)
+        if logn_len:  # a scale per query position, so before or after the rotation alike
             q = q * logn_scale(torch.arange(Tk - T, Tk, device=x.device), logn_len)[:, None].to(q.dtype)
         plain = not window or window >= Tk  # causal attention alone does it, no mask needed
-        if rope is not None and rope.inv_freq.size(0) > 1:
+        if rope is not None and not rotate:
             y = per_query_rope_attention(q, k, v, rope.inv_freq, rope.attention_factor,
                                          visible(T, Tk, window, x.device), self.layout)
         else:
-            if rope is not None:
-                q = apply_rope(q, rope.cos[Tk - T:], rope.sin[Tk - T:], self.layout)
-                k = apply_rope(k, rope.cos, rope.sin, self.layout)
             if alibi is not None:  # the bias carries the causal and window masks too
                 mask = alibi.to(q.dtype)
             else:
@@ -263,7 +268,7 @@ class GPT(nn.Module):
         freqs = [rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, scaling, seq_len=n, fraction=cfg.rope_fraction)
                  for n in lengths]
         inv_freq, attention_factor = torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1]
-        cos, sin = rope_cos_sin(inv_freq[0], torch.arange(seq_len, device=device), attention_factor)
+        cos, sin = rope_cos_sin(inv_freq[0], torch.arange(seq_len, device=device), attention_factor, cfg.rope_layout)
         return Rotary(inv_freq, attention_factor, cos, sin)
 
     def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, logn_len=None):

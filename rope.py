@@ -166,22 +166,28 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     return inv_freq.float(), float(attention_factor)
 
 
-def rope_cos_sin(inv_freq, positions, attention_factor=1.0):
-    """cos/sin tables [..., len(positions), head_dim // 2], in float32, scaled by the attention factor.
-    inv_freq may carry leading dims (one frequency set per query, for exact causal dynamic NTK)."""
+def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):
+    """Per-channel tables [..., len(positions), head_dim] in float32 for apply_rope, scaled by the attention
+    factor: the cosine of each channel's pair angle, and the sine signed for the channel's place in its pair
+    (-sin on the pair's first channel, +sin on its second). inv_freq may carry leading dims (one frequency
+    set per query, for exact causal dynamic NTK). layout as in apply_rope."""
     angles = positions.float()[:, None] * inv_freq.unsqueeze(-2).float()
-    return angles.cos() * attention_factor, angles.sin() * attention_factor
+    cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
+    if layout == "half":
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+    return torch.stack((cos, cos), dim=-1).flatten(-2), torch.stack((-sin, sin), dim=-1).flatten(-2)
 
 
 def apply_rope(x, cos, sin, layout="half"):
-    """Rotate each channel pair of x [..., T, head_dim] by +angle (the textbook direction).
+    """Rotate each channel pair (a, b) of x [..., T, head_dim] by +angle (the textbook direction):
+    (a cos - b sin, a sin + b cos), as x * cos + (x with each pair swapped) * sin, with the tables of
+    rope_cos_sin (two multiplies and an add; cheaper forward and backward than splitting the pairs).
     half: pairs (x_i, x_{i+d/2}) as GPT-NeoX / HF LLaMA; interleaved: (x_2i, x_2i+1) as GPT-J / Meta LLaMA."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if layout == "half":
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        swapped = x.roll(x.size(-1) // 2, dims=-1)  # (x2, x1): one op, forward and backward
+    else:
+        swapped = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    return x * cos.to(x.dtype) + swapped * sin.to(x.dtype)
 
 
 def base_bound_curve(head_dim, base, max_len, start=0):

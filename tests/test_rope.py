@@ -16,7 +16,7 @@ STATIC = [None,
 
 def rotate(x, pos, scaling=None, layout="half", dim=D):
     inv_freq, factor = rope_frequencies(dim, BASE, scaling)
-    cos, sin = rope_cos_sin(inv_freq, torch.tensor([pos]), factor)
+    cos, sin = rope_cos_sin(inv_freq, torch.tensor([pos]), factor, layout)
     return apply_rope(x.double(), cos.double(), sin.double(), layout)
 
 
@@ -237,9 +237,10 @@ def test_p_rope_angles_by_hand():
     # d = 8, fraction 0.5: round(0.5 * 4) = 2 pairs rotate, with base^0 = 1 and base^(-2/8) = 0.1; pairs 2, 3 do not
     inv_freq, _ = rope_frequencies(8, BASE, fraction=0.5)
     assert inv_freq.tolist() == pytest.approx([1.0, 0.1, 0.0, 0.0], abs=1e-7)
-    cos, sin = rope_cos_sin(inv_freq, torch.tensor([0, 3]))
-    assert torch.allclose(cos, torch.tensor([[1.0, 1, 1, 1], [math.cos(3), math.cos(0.3), 1, 1]]))
-    assert torch.allclose(sin, torch.tensor([[0.0, 0, 0, 0], [math.sin(3), math.sin(0.3), 0, 0]]))
+    cos, sin = rope_cos_sin(inv_freq, torch.tensor([0, 3]))  # half layout: channel c and c + 4 share pair c
+    c, s = [math.cos(3), math.cos(0.3), 1, 1], [math.sin(3), math.sin(0.3), 0, 0]
+    assert torch.allclose(cos, torch.tensor([[1.0] * 8, c + c]))
+    assert torch.allclose(sin, torch.tensor([[0.0] * 8, [-v for v in s] + s]))
     assert (rope_frequencies(8, BASE, fraction=0.75)[0] > 0).sum() == 3 and (rope_frequencies(8, BASE)[0] > 0).sum() == 4
 
 
@@ -257,7 +258,7 @@ def test_p_rope_unrotated_channels_of_q_k_do_not_depend_on_position(layout, unro
     # interleaved it is (2i, 2i + 1)
     def rotate_partial(x, pos):
         inv_freq, factor = rope_frequencies(D, BASE, fraction=0.5)
-        cos, sin = rope_cos_sin(inv_freq, torch.tensor([pos]), factor)
+        cos, sin = rope_cos_sin(inv_freq, torch.tensor([pos]), factor, layout)
         return apply_rope(x.double(), cos.double(), sin.double(), layout)[0]
     q, k = torch.randn(2, D, dtype=torch.float64)
     rotated = [c for c in range(D) if c not in unrotated]
@@ -312,3 +313,16 @@ def test_paper_table_values_fail_the_bound_as_defined():
     # the context length (so the scan returns 3.5e5 and 6.3e5): the table was not made exactly this way
     for m, base in [(12223, 3.1e5), (27685, 6.4e5)]:
         assert sum(math.cos(m * base ** (-2 * i / 128)) for i in range(64)) < -0.3
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_apply_rope_rotates_each_pair_by_hand(layout):
+    # head_dim 4, base 10^4: pair frequencies 1 and 10^4^(-2/4) = 0.01; at position 2 the angles are 2 and 0.02
+    (a0, b0), (a1, b1) = (0.3, -1.2), (2.0, 0.5)  # pair 0 and pair 1 as (first, second) channel
+    x = [a0, a1, b0, b1] if layout == "half" else [a0, b0, a1, b1]
+    cos, sin = rope_cos_sin(rope_frequencies(4, BASE)[0], torch.tensor([2]), 1.0, layout)
+    out = apply_rope(torch.tensor([x], dtype=torch.float64), cos.double(), sin.double(), layout)[0].tolist()
+    r0 = (a0 * math.cos(2) - b0 * math.sin(2), a0 * math.sin(2) + b0 * math.cos(2))
+    r1 = (a1 * math.cos(0.02) - b1 * math.sin(0.02), a1 * math.sin(0.02) + b1 * math.cos(0.02))
+    want = [r0[0], r1[0], r0[1], r1[1]] if layout == "half" else [*r0, *r1]
+    assert out == pytest.approx(want, abs=1e-6)
