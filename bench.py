@@ -3,22 +3,48 @@ Training-step throughput of a config on random tokens: tokens/s, TFLOP/s, MFU (w
 and peak memory. No data, no checkpoint, no wandb.
 
     python bench.py configs/rope_small.py [--key=value ...] [--vocab_size=2048] [--steps=20]
+
+Beside nanoGPT (a checkout of karpathy/nanoGPT): its model and ours with learned and with rope positions,
+one process, one batch, blocks of 10 steps taken in turn, median ms per step (so a noisy machine slows
+all three alike). The shape: 4 layers, 6 heads, 192 wide, T 128, batch 16, vocabulary 2048, float32.
+
+    python bench.py --nanogpt=PATH/TO/nanoGPT [--steps=15]  (steps: blocks per model)
 """
+import importlib.util
 import resource
+import statistics
 import sys
 import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
-from model import GPT
+from model import GPT, GPTConfig
 from runtime import autocast, peak_flops, pick_device, run_cli
 from train import load_config, model_config
 
+OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
+
+
+def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
+    """One AdamW step on inputs x and targets y (clipped as train.py does)."""
+    with ctx:
+        _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if sync:
+        torch.cuda.synchronize()
+
 
 def bench(argv):
-    extra = {a.split("=")[0][2:]: int(a.split("=")[1]) for a in argv if a.startswith(("--vocab_size=", "--steps="))}
-    config = load_config([a for a in argv if not a.startswith(("--vocab_size=", "--steps="))])
-    vocab_size, steps = extra.get("vocab_size", 2048), extra.get("steps", 20)
+    extra = {a.split("=")[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith(OPTIONS)}
+    if "nanogpt" in extra:
+        return versus_nanogpt(Path(extra["nanogpt"]), int(extra.get("steps", 15)))
+    config = load_config([a for a in argv if not a.startswith(OPTIONS)])
+    vocab_size, steps = int(extra.get("vocab_size", 2048)), int(extra.get("steps", 20))
     device = pick_device(config["device"])
     device_type = device.split(":")[0]
     dtype, ctx = autocast(config["dtype"], device_type)
@@ -26,22 +52,12 @@ def bench(argv):
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device_type)
     step_model = torch.compile(model) if config["compile"] else model
     B, T = config["batch_size"], config["block_size"]
-    x = torch.randint(vocab_size, (B, T + 1), device=device)
-
-    def step():
-        with ctx:
-            _, loss = step_model(x[:, :-1], x[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-
+    x, y = torch.randint(vocab_size, (2, B, T), device=device)
     for _ in range(3):  # warm-up (and compilation)
-        step()
+        train_step(step_model, optimizer, x, y, ctx, device_type == "cuda")
     t0 = time.time()
     for _ in range(steps):
-        step()
+        train_step(step_model, optimizer, x, y, ctx, device_type == "cuda")
     tok_s = B * T * steps / (time.time() - t0)
     flops = model.flops_per_token(T) * tok_s
     peak = peak_flops(device_type)
@@ -51,6 +67,38 @@ def bench(argv):
           f"compile={config['compile']}, {torch.get_num_threads()} threads")
     print(f"{tok_s:,.0f} tokens/s, {flops / 1e12:.3f} TFLOP/s" + (f", MFU {100 * flops / peak:.1f}%" if peak else "")
           + f", peak memory {memory:,.0f} MiB ({'CUDA allocated' if device_type == 'cuda' else 'process RSS'})")
+
+
+def versus_nanogpt(root, blocks):
+    path = root / "model.py"
+    if not path.is_file():
+        raise ValueError(f"--nanogpt={root}: no model.py there; give a checkout of karpathy/nanoGPT")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    nano = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nano)
+    shape = dict(block_size=128, vocab_size=2048, n_layer=4, n_head=6, n_embd=192, dropout=0.0)
+    models = {"nanoGPT": lambda: nano.GPT(nano.GPTConfig(**shape, bias=False)),
+              "ours, learned": lambda: GPT(GPTConfig(**shape, pos_emb="learned")),
+              "ours, rope": lambda: GPT(GPTConfig(**shape, pos_emb="rope"))}
+    x, y = torch.randint(2048, (2, 16, 128))
+    runs = {}
+    for name, make in models.items():
+        torch.manual_seed(0)
+        model = make()
+        runs[name] = (model, model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu"), [])
+        for _ in range(5):  # warm-up
+            train_step(model, runs[name][1], x, y)
+    for _ in range(blocks):
+        for model, optimizer, times in runs.values():
+            t0 = time.perf_counter()
+            for _ in range(10):
+                train_step(model, optimizer, x, y)
+            times.append((time.perf_counter() - t0) * 100)  # ms per step
+    median = {name: statistics.median(times) for name, (_, _, times) in runs.items()}
+    print(f"4x192, T 128, batch 16, vocab 2048, cpu float32, {torch.get_num_threads()} threads, torch "
+          f"{torch.__version__}; median of {blocks} blocks of 10 steps")
+    for name, ms in median.items():
+        print(f"{name:14s} {ms:6.1f} ms/step {2048 / ms * 1000:8,.0f} tokens/s  {median['nanoGPT'] / ms:.3f}x nanoGPT")
 
 
 if __name__ == "__main__":

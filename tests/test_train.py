@@ -181,3 +181,17 @@ def test_bench_prints_throughput_and_memory():
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "tokens/s" in proc.stdout and "peak memory" in proc.stdout and "vocab 300, batch 2x32" in proc.stdout
+
+
+def test_bench_beside_nanogpt_times_three_models_and_names_a_bad_checkout(tmp_path):
+    # a stand-in for a nanoGPT checkout: its model.py's GPT and GPTConfig (with nanoGPT's bias key)
+    (tmp_path / "model.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nimport model as ours\n"
+        "def GPTConfig(bias, **shape):\n    return ours.GPTConfig(**shape, pos_emb='learned')\nGPT = ours.GPT\n" % str(ROOT))
+    cmd = [sys.executable, str(ROOT / "bench.py"), f"--nanogpt={tmp_path}", "--steps=1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "ms/step" in line]
+    assert [r.split()[0] for r in rows] == ["nanoGPT", "ours,", "ours,"] and rows[0].endswith("1.000x nanoGPT")
+    bad = subprocess.run(cmd[:2] + [f"--nanogpt={tmp_path / 'nowhere'}"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "no model.py there" in bad.stderr
