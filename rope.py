@@ -190,20 +190,23 @@ def apply_rope(x, cos, sin, layout="half"):
     return x * cos.to(x.dtype) + swapped * sin.to(x.dtype)
 
 
-def base_bound_curve(head_dim, base, max_len, start=0):
-    """Men et al.'s B_m = sum_i cos(m * base^(-2i/d)) for m = start .. max_len, float64; B_0 = head_dim / 2."""
+def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
+    """Men et al.'s B_m = sum_i cos(m * base^(-2i/d)) for m = start .. max_len, float64; B_0 = head_dim / 2.
+    fraction (p-RoPE): only the highest round(fraction * d/2) pairs rotate; each unrotated one adds cos(0) = 1."""
     # the expected score gap between a key similar to the query and a random one at distance m is
     # proportional to B_m, so B_m < 0 means attention no longer prefers the similar token at that distance
     m = torch.arange(start, max_len + 1, dtype=torch.float64)
-    return torch.cos(m[:, None] * default_inv_freq(head_dim, base)).sum(-1)
+    inv_freq = default_inv_freq(head_dim, base)
+    inv_freq[rotating_pairs(head_dim, fraction):] = 0
+    return torch.cos(m[:, None] * inv_freq).sum(-1)
 
 
-def first_negative(head_dim, base, max_len):
+def first_negative(head_dim, base, max_len, fraction=None):
     """The first distance m in 1 .. max_len with B_m < 0 (where the bound fails), or None if there is none.
     In doubling chunks: most bases of a scan fail early."""
     start, size = 1, 256
     while start <= max_len:
-        negative = (base_bound_curve(head_dim, base, min(start + size - 1, max_len), start) < 0).nonzero()
+        negative = (base_bound_curve(head_dim, base, min(start + size - 1, max_len), start, fraction) < 0).nonzero()
         if len(negative):
             return start + int(negative[0])
         start, size = start + size, 2 * size

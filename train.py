@@ -152,12 +152,14 @@ def base_bound_note(cfg, eval_multiple=16):
     if cfg.pos_emb != "rope":
         return None
     L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
-    m = first_negative(head_dim, cfg.rope_base, eval_multiple * L)
+    m = first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction)
     if m is None:
         return None
     reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
     return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: "
-            f"B_m < 0 from distance {m}, head dim {head_dim} (python eval/base_bound.py --head_dim {head_dim})")
+            f"B_m < 0 from distance {m}, head dim {head_dim}"
+            + (f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else "")
+            + f" (python eval/base_bound.py --head_dim {head_dim})")
 
 
 def finetune_source(config, meta, device):

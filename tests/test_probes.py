@@ -190,3 +190,14 @@ def test_a_learned_table_gets_only_crop_past_its_length(tmp_path_factory, datase
     assert report["methods"] == ["none", "crop"]  # the RoPE methods do not apply
     for r in report["results"]:
         assert r["available"] == (r["eval_len"] <= 32 or r["method"] == "crop"), r
+
+
+def test_train_start_up_note_names_where_the_bound_fails_and_counts_p_rope_unrotated_pairs():
+    from train import base_bound_note
+    # head dim 32, base 1e4: B_m first < 0 at m = 474 (eval/base_bound.py's table), inside 16 x 256
+    assert "from distance 474" in base_bound_note(GPTConfig(vocab_size=10))
+    assert "from distance 3478" in base_bound_note(GPTConfig(vocab_size=10, rope_base=1e6))
+    assert base_bound_note(GPTConfig(vocab_size=10, rope_base=smallest_base(32, 4096))) is None
+    # p-RoPE with half the pairs unrotated: each adds 1 to B_m, which then never falls below 0
+    assert first_negative(32, 1e4, 4096, fraction=0.5) is None
+    assert base_bound_note(GPTConfig(vocab_size=10, rope_fraction=0.5)) is None

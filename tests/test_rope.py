@@ -287,6 +287,8 @@ def test_base_bound_curve_by_hand():
     assert base_bound_curve(128, BASE, 10)[0] == 64  # B_0 = d / 2
     # d = 4, base = 100: theta = [1, 100^(-1/2)] = [1, 0.1], B_10 = cos(10) + cos(1) = -0.2988
     assert base_bound_curve(4, 100.0, 10)[10].item() == pytest.approx(math.cos(10) + math.cos(1), abs=1e-12)
+    # p-RoPE, half of the 2 pairs rotate: the unrotated low-frequency pair adds cos(0) = 1 at every distance
+    assert base_bound_curve(4, 100.0, 10, fraction=0.5)[10].item() == pytest.approx(math.cos(10) + 1, abs=1e-12)
 
 
 def test_smallest_base_is_a_scan_not_a_bisection():
