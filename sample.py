@@ -14,7 +14,7 @@ import sys
 import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.extrapolate import ABSOLUTE, ANY_POSITIONS, METHODS, applicable, positions
+from eval.extrapolate import ABSOLUTE, METHODS, applicable, method_factor, positions
 from model import sample_next
 from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, pick_device, run_cli
 
@@ -57,17 +57,6 @@ def parse_args(argv):
     if device.split(":")[0] not in ("cpu", "cuda", "mps"):
         raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N, mps")
     return dict(vars(a), factor=factor, device=device)
-
-
-def method_factor(method, factor, total_len, train_len):
-    """The factor in the method's arguments: None where there is none; dynamic-ntk's is transformers' extra
-    multiplier a, 1 by default (its scale follows the length by itself); the others default to the ratio that
-    maps the whole sample back onto the training length."""
-    if method in ANY_POSITIONS:
-        return None
-    if method == "dynamic-ntk":
-        return factor or 1.0
-    return factor or max(1.0, total_len / train_len)
 
 
 def check_fits(config, method, total_len):

@@ -118,6 +118,17 @@ def number(text, name, convert, minimum):
 
 # ----------------------------------------------------------------------------- methods
 
+def method_factor(method, factor, total_len, train_len):
+    """The factor in the method's arguments at total_len: None where there is none; dynamic-ntk's is
+    transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
+    default to the ratio that maps the length back onto the training length (never below 1)."""
+    if method in ANY_POSITIONS:
+        return None
+    if method == "dynamic-ntk":
+        return factor or 1.0
+    return factor or max(1.0, total_len / train_len)
+
+
 def positions(method, factor, train_len, window=None):
     """GPT.forward's position arguments for a method: a Hugging Face style rope_scaling dict, an attention
     window or log-n scaling (docs/methodology.md has each definition). train_len: the original training
@@ -258,10 +269,7 @@ def run_grid(model, tokens, docs, args, train_len):
     for protocol, T, method, mode in tqdm(grid(args["methods"], args["protocols"], args["dynamic_modes"], eval_lens),
                                           desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
-        if method in ANY_POSITIONS:  # none, crop and logn have no RoPE factor
-            factor = None
-        else:  # auto: the factor that maps this length back onto the training length (never below 1)
-            factor = args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"] or max(1.0, T / train_len)
+        factor = method_factor(method, args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"], T, train_len)
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         if stride is not None and stride > T:
             raise ValueError(f"--stride {stride} is longer than the evaluation length {T}; use a stride <= {T}")

@@ -34,8 +34,8 @@ from tqdm import tqdm  # noqa: E402
 from data.dataset import doc_windows, load_split  # noqa: E402
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab  # noqa: E402
 from data.tokenizer import gpt2_tokenizer  # noqa: E402
-from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr, number,  # noqa: E402
-                              original_len, parse_list, positions, unavailable)
+from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr,  # noqa: E402
+                              method_factor, number, original_len, parse_list, positions, unavailable)
 from eval.report import pyplot  # noqa: E402
 from eval.score import load_run, score_rows  # noqa: E402
 from rope import rope_frequencies  # noqa: E402
@@ -92,7 +92,7 @@ def score_method(model, rows, method, tokens_per_batch=16384, train_len=None):
     reason = unavailable(model, method, "windows", n)
     if reason:
         return None, reason
-    factor = None if method in ANY_POSITIONS else 1.0 if method == "dynamic-ntk" else max(1.0, n / L0)
+    factor = method_factor(method, None, n, L0)
     if method == "crop" and model.config.pos_emb in ABSOLUTE and n > L:
         return score_rows(model, rows[:, -(L + 1):], tokens_per_batch), None
     return score_rows(model, rows, tokens_per_batch, **positions(method, factor, L0, L)), None
@@ -178,9 +178,8 @@ def rotation_probe(model, args):
     for mult in args["lengths"]:
         T = round(mult * L)
         for method in args["methods"]:
-            scaling = positions(method, 1.0 if method == "dynamic-ntk" else max(1.0, T / L), L).get("rope_scaling")
-            if method in ANY_POSITIONS or scaling is None:
-                scaling = None  # none, crop and logn leave the frequencies as trained
+            # none, crop and logn have no rope_scaling: they leave the frequencies as trained
+            scaling = positions(method, method_factor(method, None, T, L), L).get("rope_scaling")
             freq, attention = rope_frequencies(dim, cfg.rope_base, cfg.full_rope_scaling(scaling), seq_len=T)
             ratio = freq.double() / base
             out.append(entry("rotation", method, T, attention_factor=attention,
