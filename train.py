@@ -21,8 +21,8 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.dataset import get_batch, load_meta, load_split
-from data.synthetic import copy_rows, mix_repeats, random_vocab
+from data.dataset import get_rows, load_meta, load_split
+from data.synthetic import copy_rows, mix_copies, random_vocab
 from model import GPT, GPTConfig
 from rope import first_negative
 from runtime import (autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device,
@@ -47,9 +47,10 @@ DEFAULTS = dict(
     dataset="shakespeare",
     batch_size=16,
     gradient_accumulation_steps=1,  # per process
-    # synthetic retrieval (data/synthetic.py): this fraction of each batch gets a segment of
-    # retrieval_segment random tokens repeated at a random distance up to block_size; with it, every
-    # evaluation also measures copying (top-1 on the repeat) at distances inside block_size
+    # synthetic retrieval (data/synthetic.py): this fraction of each batch is replaced by rows of random
+    # chunks (2 .. retrieval_segment tokens), half of them copies of an earlier stretch of the row; with
+    # it, every evaluation also measures copying (top-1 on a repeated retrieval_segment-token segment at
+    # distances inside block_size, in held-out text)
     retrieval_mix=0.0,
     retrieval_segment=32,
     retrieval_vocab=0,  # the random tokens are ids 0 .. retrieval_vocab-1 (0: the whole vocabulary but EOT)
@@ -200,13 +201,17 @@ def resume(config, out_dir, meta, device):
     return ckpt
 
 
+def inputs_targets(rows):
+    rows = torch.from_numpy(rows)
+    return rows[:, :-1], rows[:, 1:]
+
+
 def train_batch(tokens, config, rng, vocab_size):
-    x, y = get_batch(tokens, config["batch_size"], config["block_size"], rng)
-    if not config["retrieval_mix"]:
-        return x, y
-    rows = mix_repeats(torch.cat((x, y[:, -1:]), dim=1).numpy(), rng, config["retrieval_mix"],
-                       config["retrieval_segment"], random_vocab(config["retrieval_vocab"], vocab_size))
-    return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
+    rows = get_rows(tokens, config["batch_size"], config["block_size"], rng)
+    if config["retrieval_mix"]:
+        mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"],
+                   random_vocab(config["retrieval_vocab"], vocab_size))
+    return inputs_targets(rows)
 
 
 @torch.no_grad()
@@ -215,24 +220,24 @@ def estimate_loss(model, splits, config, ctx, device, vocab_size):
     copying a random segment at distances spread over [segment, block_size] in held-out text."""
     model.eval()
     rng = np.random.default_rng(0)  # the same batches at every evaluation, so the curve is not noise
+    B, T = config["batch_size"], config["block_size"]
     losses = {}
     for split, tokens in splits.items():
         total = 0.0
         for _ in range(config["eval_iters"]):
-            x, y = (t.to(device) for t in get_batch(tokens, config["batch_size"], config["block_size"], rng))
+            x, y = (t.to(device) for t in inputs_targets(get_rows(tokens, B, T, rng)))
             with ctx:
                 total += model(x, y)[1].item()
         losses[split] = total / config["eval_iters"]
     if config["retrieval_mix"]:
-        k, n = config["retrieval_segment"], config["block_size"] + 1
-        x, y = get_batch(splits["val"], 4 * config["batch_size"], config["block_size"], rng)
-        distances = np.linspace(k, n - k, len(x)).round()  # spread over every distance the mixture plants
-        rows = copy_rows(torch.cat((x, y[:, -1:]), dim=1).numpy(), rng, k, distances,
+        k = config["retrieval_segment"]
+        distances = np.linspace(k, T + 1 - k, 4 * B).round()  # spread over every distance inside the window
+        rows = copy_rows(get_rows(splits["val"], 4 * B, T, rng), rng, k, distances,
                          random_vocab(config["retrieval_vocab"], vocab_size))
-        rows = torch.from_numpy(rows).to(device)
+        x, y = (t.to(device) for t in inputs_targets(rows))
         with ctx:
-            logits, _ = model(rows[:, :-1])
-        losses["copy_top1"] = (logits[:, n - k:].argmax(-1) == rows[:, n - k + 1:]).float().mean().item()
+            logits, _ = model(x)
+        losses["copy_top1"] = (logits[:, -(k - 1):].argmax(-1) == y[:, -(k - 1):]).float().mean().item()
     model.train()
     return losses
 

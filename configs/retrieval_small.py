@@ -1,7 +1,6 @@
-# rope_small plus synthetic retrieval (data/synthetic.py): every training sequence gets a segment of 64
-# random tokens (ids 0..255) repeated at a random distance up to the training length, so that the copy
-# and passkey probes (eval/probes.py) have something to measure. Measured: it does NOT copy yet after
-# 1,800 iterations (README, "Probes"); these keys are the levers.
+# rope_small plus synthetic retrieval (data/synthetic.py): every training sequence is a row of random
+# chunks (ids 0..255, 2..64 tokens), half of them copies of an earlier stretch, so that the copy and
+# passkey probes (eval/probes.py) have something to measure. The README ("Probes") says what it reaches.
 out_dir = "out/retrieval_small"
 pos_emb = "rope"
 retrieval_mix = 1.0

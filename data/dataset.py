@@ -271,20 +271,16 @@ def load_split(data_dir, split) -> tuple[np.memmap, np.ndarray]:
     return tokens, docs
 
 
-def get_batch(tokens, batch_size: int, block_size: int,
-              rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """nanoGPT-style random windows: x = tokens[i:i+T], y = tokens[i+1:i+1+T], int64 CPU tensors (B, T).
-
-    Windows may cross document boundaries (through the EOT), as in nanoGPT training."""
+def get_rows(tokens, batch_size: int, block_size: int, rng: np.random.Generator) -> np.ndarray:
+    """nanoGPT-style random windows of block_size+1 tokens, int64 [B, T+1]: a row's inputs are row[:-1]
+    and its targets row[1:]. Windows may cross document boundaries (through the EOT), as in nanoGPT training."""
     if batch_size < 1 or block_size < 1:
         raise ValueError(f"batch_size={batch_size} and block_size={block_size} must both be >= 1")
     n = len(tokens)
     if n < block_size + 1:
         raise ValueError(f"split has {n} tokens, fewer than block_size+1={block_size + 1}; use a smaller block_size or more data")
-    ix = rng.integers(0, n - block_size, size=batch_size)  # high is exclusive: the last y token is tokens[n-1]
-    x = torch.from_numpy(np.stack([tokens[i:i + block_size] for i in ix]).astype(np.int64))
-    y = torch.from_numpy(np.stack([tokens[i + 1:i + 1 + block_size] for i in ix]).astype(np.int64))
-    return x, y
+    ix = rng.integers(0, n - block_size, size=batch_size)  # high is exclusive: the last target is tokens[n-1]
+    return np.stack([tokens[i:i + block_size + 1] for i in ix]).astype(np.int64)
 
 
 def doc_windows(docs: np.ndarray, length: int, n_windows: int, rng: np.random.Generator) -> np.ndarray:

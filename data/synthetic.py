@@ -29,15 +29,28 @@ def random_segment(rng, length, vocab):
     return rng.integers(0, vocab, size=length)
 
 
-def mix_repeats(rows, rng, fraction, segment, vocab):
-    """Plant a repeated random segment in the first round(fraction * B) rows of a [B, T+1] batch (in place):
-    a uniform distance in [segment, T+1-segment] and a uniform start that fits, so that every distance up
-    to the training length is practised."""
-    B, n = rows.shape
-    for row in rows[:round(fraction * B)]:
-        distance = int(rng.integers(segment, n - segment + 1))
-        start = int(rng.integers(0, n - segment - distance + 1))
-        plant_repeat(row, random_segment(rng, segment, vocab), start, distance)
+def copy_chunk_row(rng, n, vocab, longest):
+    """n tokens of chunks of uniform length 2..longest: each chunk, once there is room, is with probability
+    1/2 a copy of an earlier stretch of the row (uniform start, so every distance up to n is practised)
+    and otherwise fresh random ids. Many repeats at many distances per row: no fixed offset predicts them,
+    so the model has to match content (an induction head) rather than learn a positional shortcut."""
+    row = np.empty(n, dtype=np.int64)
+    at = 0
+    while at < n:
+        k = min(int(rng.integers(2, longest + 1)), n - at)
+        if at >= k and rng.random() < 0.5:
+            src = int(rng.integers(0, at - k + 1))
+            row[at:at + k] = row[src:src + k]
+        else:
+            row[at:at + k] = random_segment(rng, k, vocab)
+        at += k
+    return row
+
+
+def mix_copies(rows, rng, fraction, longest, vocab):
+    """Replace the first round(fraction * B) rows of a [B, T+1] batch of text by copy_chunk_row rows (in place)."""
+    for row in rows[:round(fraction * len(rows))]:
+        row[:] = copy_chunk_row(rng, len(row), vocab, longest)
     return rows
 
 

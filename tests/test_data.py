@@ -3,9 +3,8 @@ import hashlib
 
 import numpy as np
 import pytest
-import torch
 
-from data.dataset import (doc_windows, get_batch, is_prepared, load_meta, load_split, split_documents,
+from data.dataset import (doc_windows, get_rows, is_prepared, load_meta, load_split, split_documents,
                           write_dataset)
 from data.text.prepare import prepare as prepare_text
 from data.tokenizer import RANKS_PATH, gpt2_tokenizer, load_ranks
@@ -174,22 +173,21 @@ def test_bad_inputs_raise_clear_errors(prepared, tmp_path):
 # -----------------------------------------------------------------------------
 # reading
 
-def test_get_batch_shapes_and_targets_are_inputs_shifted_by_one():
+def test_get_rows_are_consecutive_windows_of_block_size_plus_one():
     tokens = np.arange(100, dtype=np.uint16)
-    x, y = get_batch(tokens, batch_size=8, block_size=16, rng=np.random.default_rng(0))
-    assert x.shape == y.shape == (8, 16) and x.dtype == y.dtype == torch.int64
-    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y, x + 1)  # arange: each window is consecutive
-    assert int(y.max()) <= 99
-    x, y = get_batch(tokens, 4, 99, np.random.default_rng(0))  # exactly block_size+1 tokens: one window
-    assert torch.equal(x[0], torch.arange(99)) and torch.equal(y[0], torch.arange(1, 100))
+    rows = get_rows(tokens, batch_size=8, block_size=16, rng=np.random.default_rng(0))
+    assert rows.shape == (8, 17) and rows.dtype == np.int64
+    assert (np.diff(rows, axis=1) == 1).all() and rows.max() <= 99  # arange: each window is consecutive
+    rows = get_rows(tokens, 4, 99, np.random.default_rng(0))  # exactly block_size+1 tokens: one window
+    assert (rows == np.arange(100)).all()
     with pytest.raises(ValueError, match="100 tokens, fewer than block_size\\+1=101"):
-        get_batch(tokens, 4, 100, np.random.default_rng(0))
+        get_rows(tokens, 4, 100, np.random.default_rng(0))
 
 
-def test_get_batch_reads_prepared_memmap(prepared):
+def test_get_rows_reads_prepared_memmap(prepared):
     tokens, _ = load_split(prepared, "train")
-    x, y = get_batch(tokens, 3, 8, np.random.default_rng(0))
-    assert torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < VOCAB
+    rows = get_rows(tokens, 3, 8, np.random.default_rng(0))
+    assert rows.shape == (3, 9) and int(rows.max()) < VOCAB
 
 
 DOCS = np.array([[0, 5], [6, 46], [47, 60], [61, 161]])  # lengths 5, 40, 13, 100 (EOTs in between)

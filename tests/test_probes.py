@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_rows, mix_repeats, passkey_row, plant_repeat, random_vocab
+from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_chunk_row, copy_rows, mix_copies, passkey_row, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval import probes
 from eval.probes import pair_kind, rotation_probe
@@ -41,15 +41,26 @@ def test_copy_rows_end_each_row_with_the_repeat():
         copy_rows(filler, rng, segment=8, distances=[43], vocab=10)
 
 
-def test_mix_repeats_plants_the_fraction_at_distances_up_to_the_length():
+def test_copy_chunk_rows_repeat_earlier_stretches_at_every_distance():
     rng = np.random.default_rng(1)
+    n, copied, distances = 256, [], []
+    for _ in range(50):
+        row = copy_chunk_row(rng, n, vocab=10**9, longest=16)  # fresh ids never collide: a repeat is a copy
+        assert len(row) == n and row.min() >= 0 and row.max() < 10**9
+        first = {}
+        for i, t in enumerate(row.tolist()):
+            if t in first:
+                distances.append(i - first[t])
+            first.setdefault(t, i)
+        copied.append(sum(t in set(row[:i].tolist()) for i, t in enumerate(row.tolist())) / n)
+    assert 0.35 < np.mean(copied) < 0.6  # half the chunks after the first are copies
+    assert min(distances) < n // 8 and max(distances) > 7 * n // 8
+
+
+def test_mix_copies_replaces_the_fraction_of_rows():
     rows = np.full((8, 65), 5000)
-    mix_repeats(rows, rng, fraction=0.5, segment=8, vocab=100)
-    planted = (rows < 100).any(axis=1)
-    assert planted.tolist() == [True] * 4 + [False] * 4
-    for row in rows[:4]:
-        where = np.flatnonzero(row < 100)
-        assert len(where) == 16 and (row[where[:8]] == row[where[8:]]).all()
+    mix_copies(rows, np.random.default_rng(1), fraction=0.5, longest=8, vocab=100)
+    assert (rows[:4] < 100).all() and (rows[4:] == 5000).all()
 
 
 def test_random_vocab_never_includes_the_end_of_text_token():
