@@ -184,10 +184,10 @@ def finetune_source(config, meta, device):
 
 
 def prepare_if_missing(dataset):
-    if dataset == "shakespeare" and not (data_dir(dataset) / "meta.json").exists():
-        print("no prepared data yet: preparing data/shakespeare (once)")
-        from data.shakespeare.prepare import prepare
-        prepare()
+    if dataset in ("shakespeare", "shakespeare_bytes") and not (data_dir(dataset) / "meta.json").exists():
+        print(f"no prepared data yet: preparing data/{dataset} (once)")
+        from data.shakespeare.prepare import prepare_named
+        prepare_named(dataset)
 
 
 def resume(config, out_dir, meta, device):

@@ -243,8 +243,8 @@ def is_prepared(out_dir, vocab_size=None, source=None) -> bool:
 def prepare_command(data_dir) -> str:
     """The command that (re)creates data_dir, for error messages."""
     name = Path(data_dir).name
-    if name == "shakespeare":
-        return "python data/shakespeare/prepare.py"
+    if name in ("shakespeare", "shakespeare_bytes"):
+        return "python data/shakespeare/prepare.py" + (" --bytes" if name.endswith("bytes") else "")
     return f"python data/text/prepare.py <source> --name {name}"
 
 

