@@ -3,6 +3,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from data.tokenizer import gpt2_tokenizer
 from eval import probes
 from eval.probes import pair_kind, rotation_probe
 from model import GPT, GPTConfig, attention_entropy, visible
+from runtime import model_from_checkpoint
 from rope import base_bound_curve, first_negative, smallest_base
 
 
@@ -61,6 +63,22 @@ def test_mix_copies_replaces_the_fraction_of_rows():
     rows = np.full((8, 65), 5000)
     mix_copies(rows, np.random.default_rng(1), fraction=0.5, longest=8, vocab=100)
     assert (rows[:4] < 100).all() and (rows[4:] == 5000).all()
+
+
+# the weights of `python train.py configs/retrieval_small.py --max_iters=16000` (seed 1337), optimizer state
+# dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "Probes")
+COPIER = Path(__file__).parent / "assets" / "copier.pt"
+
+
+def test_crop_fails_the_copy_probe_past_the_training_length_on_a_model_that_copies():
+    model = model_from_checkpoint(torch.load(COPIER, weights_only=True)).eval()
+    L = model.config.block_size
+    tokens = np.random.default_rng(0).integers(0, 256, 20_000)  # random byte filler: one long document
+    args = dict(segment=16, seed=0, distances=[0.5, 2.0], trials=30, methods=["none", "crop", "yarn"], train_len=L)
+    top1 = {(r["method"], r["distance"]): r["top1"] for r in probes.copy_probe(model, tokens, np.array([[0, len(tokens)]]), args, 256)}
+    assert top1["none", L // 2] > 0.8 and top1["crop", L // 2] == top1["none", L // 2]  # inside L crop changes nothing
+    assert top1["crop", 2 * L] < 0.05  # the first copy is outside crop's window: chance is 1/256
+    assert top1["yarn", 2 * L] > 0.5  # ... while the model itself can still reach it
 
 
 def test_random_vocab_never_includes_the_end_of_text_token():
