@@ -1,5 +1,6 @@
-# retrieval_small with rope_base 1e6: a point of the RoPE base sweep on a model that copies (README, "The RoPE base
-# bound"); every other key is retrieval_small's.
+# retrieval_small at rope_base 1e6, a point of the RoPE base sweep on a model that copies (README,
+# "The RoPE base bound"). B_m first falls below 0 at distance 3,478 (54x the training length 64).
+# Every other key is retrieval_small's.
 out_dir = "out/retrieval_base1e6"
 rope_base = 1e6
 dataset = "shakespeare_bytes"

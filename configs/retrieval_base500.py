@@ -1,5 +1,6 @@
-# retrieval_small with rope_base 500: a point of the RoPE base sweep on a model that copies (README, "The RoPE base
-# bound"); every other key is retrieval_small's.
+# retrieval_small at rope_base 500, a point of the RoPE base sweep on a model that copies (README,
+# "The RoPE base bound"). B_m first falls below 0 at distance 103 (1.6x the training length 64).
+# Every other key is retrieval_small's.
 out_dir = "out/retrieval_base500"
 rope_base = 500.0
 dataset = "shakespeare_bytes"
