@@ -21,7 +21,7 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.dataset import get_rows, load_meta, load_split
+from data.dataset import SHAKESPEARE, get_rows, load_meta, load_split
 from data.synthetic import copy_rows, mix_copies, random_vocab
 from model import GPT, GPTConfig
 from rope import first_negative
@@ -184,7 +184,7 @@ def finetune_source(config, meta, device):
 
 
 def prepare_if_missing(dataset):
-    if dataset in ("shakespeare", "shakespeare_bytes") and not (data_dir(dataset) / "meta.json").exists():
+    if dataset in SHAKESPEARE and not (data_dir(dataset) / "meta.json").exists():
         print(f"no prepared data yet: preparing data/{dataset} (once)")
         from data.shakespeare.prepare import prepare_named
         prepare_named(dataset)

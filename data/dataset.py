@@ -32,6 +32,8 @@ SPLITS = ("train", "val")
 # GPT-2 BPE cut to its first 2047 merges + EOT: the output layer is the costliest part of a small
 # model on a CPU, and 2048 was ~2x faster than 8192 for the small configs (README)
 VOCAB_SIZE = 2048
+# the datasets data/shakespeare/prepare.py writes (into data/<name>/), by vocabulary size
+SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
 
 
@@ -243,8 +245,8 @@ def is_prepared(out_dir, vocab_size=None, source=None) -> bool:
 def prepare_command(data_dir) -> str:
     """The command that (re)creates data_dir, for error messages."""
     name = Path(data_dir).name
-    if name in ("shakespeare", "shakespeare_bytes"):
-        return "python data/shakespeare/prepare.py" + (" --bytes" if name.endswith("bytes") else "")
+    if name in SHAKESPEARE:
+        return "python data/shakespeare/prepare.py" + (" --bytes" if name == "shakespeare_bytes" else "")
     return f"python data/text/prepare.py <source> --name {name}"
 
 

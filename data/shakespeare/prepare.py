@@ -19,7 +19,7 @@ from pathlib import Path
 # repo root; put the root first so `import data.*` works from any working directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from data.dataset import VOCAB_SIZE, file_sha256, is_prepared, write_dataset  # noqa: E402
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, write_dataset  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
 VAL_FRACTION = 0.1
@@ -34,8 +34,6 @@ TEXT_SUFFIX = "_gut.txt"
 N_TEXTS = 42
 DATA_DIR = Path(__file__).resolve().parent
 CACHE_DIR = DATA_DIR / "cache"
-BYTES_DIR = DATA_DIR.parent / "shakespeare_bytes"
-BYTES_VOCAB = 257
 SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
 
 
@@ -89,13 +87,14 @@ def prepare(vocab_size=VOCAB_SIZE, out_dir=DATA_DIR) -> Path:
 
 
 def prepare_named(name):
-    """data/shakespeare or data/shakespeare_bytes, the two datasets train.py prepares itself when missing."""
-    return prepare(BYTES_VOCAB, BYTES_DIR) if name == BYTES_DIR.name else prepare()
+    """data/<name> for a name of SHAKESPEARE (data/dataset.py), at its vocabulary: what train.py prepares
+    itself when missing."""
+    return prepare(SHAKESPEARE[name], DATA_DIR.parent / name)
 
 
 if __name__ == "__main__":
     parser = arg_parser(__doc__)
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
-    parser.add_argument("--bytes", action="store_true", help=f"vocabulary {BYTES_VOCAB} into {BYTES_DIR.name}/")
+    parser.add_argument("--bytes", action="store_true", help="vocabulary 257 into data/shakespeare_bytes/")
     args = parser.parse_args()
-    run_cli("prepare.py", lambda: prepare_named(BYTES_DIR.name) if args.bytes else prepare(args.vocab_size))
+    run_cli("prepare.py", lambda: prepare_named("shakespeare_bytes") if args.bytes else prepare(args.vocab_size))
