@@ -4,7 +4,7 @@ Compare runs evaluated by eval/extrapolate.py: one figure and one markdown table
     python eval/compare.py out/rope_small out/sinusoidal_small out/learned_small [--out out/compare]
         [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]
 
-Writes PREFIX.png (the metric against eval length, log2 x-axis, one line per run / method (mode))
+Writes PREFIX.png (the metric against eval length, log2 x-axis, one panel per run, one line per method (mode))
 and PREFIX.md (the metric at each eval length, "n/a" where not available), and prints the table.
 """
 import sys
@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import json  # noqa: E402
+import math  # noqa: E402
 
 from eval.report import fmt, label, pyplot  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
@@ -61,23 +62,33 @@ def markdown(reports, metric, protocol):
 
 
 def plot(reports, metric, protocol, path):
+    """One panel per run (three a row, shared axes), one line per method (mode), its colour the same in every panel."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    rows = lines(reports, protocol)
-    for name, cells in rows.items():
-        points = sorted((m, r[metric]) for m, r in cells.items() if r[metric] is not None)
-        if points:
-            crop = name.endswith("/ crop")
-            ax.plot(*zip(*points), marker="o", lw=1.2, label=name, **(dict(color="k", ls="--") if crop else {}))
+    names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
+    cols = min(3, len(reports))
+    fig, axes = plt.subplots(math.ceil(len(reports) / 3), cols, figsize=(5 * cols, 4 * math.ceil(len(reports) / 3)),
+                             squeeze=False, sharex=True, sharey=True)
+    for ax in axes.flat[len(reports):]:
+        ax.axis("off")
+    for ax, rep in zip(axes.flat, reports):
+        for name in names:
+            points = sorted((r["eval_len"] / rep["train_len"], r[metric]) for r in rep["results"]
+                            if r["protocol"] == protocol and label(r) == name and r[metric] is not None)
+            style = dict(color="k", ls="--") if name == "crop" else dict(color=f"C{names.index(name) % 10}")
+            if points:
+                ax.plot(*zip(*points), marker="o", ms=3, lw=1.2, label=name, **style)
+        ax.set(title=rep["run"], xlabel="eval length / training length", ylabel=metric.replace("_", " "))
+        ax.tick_params(labelbottom=True)  # sharex shows them on the last row only
+        ax.legend(fontsize=7, ncol=2)
+    ax = axes[0, 0]
     ax.set_xscale("log", base=2)
-    ax.set_xticks(multiples(rows), [f"{m:g}x" for m in multiples(rows)])
+    ticks = multiples(lines(reports, protocol))
+    ax.set_xticks(ticks, [f"{m:g}x" for m in ticks])
     ax.minorticks_off()
     ax.set_yscale("log")
-    ax.set(xlabel="eval length / training length", ylabel=metric.replace("_", " "),
-           title=f"{metric.replace('_', ' ')} against eval length, {protocol} protocol ({', '.join(rep['run'] for rep in reports)})")
-    ax.legend(fontsize=7)
+    fig.suptitle(f"{metric.replace('_', ' ')} against eval length, {protocol} protocol")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

@@ -191,12 +191,18 @@ def plot(rows, path):
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
-    fig, axes = plt.subplots(2, len(configs), figsize=(5.5 * len(configs), 8), squeeze=False, sharex=True)
-    for col, config in enumerate(configs):
+    cols, blocks = min(3, len(configs)), math.ceil(len(configs) / 3)  # three configs a row, each over two panels
+    fig, axes = plt.subplots(2 * blocks, cols, figsize=(5.5 * cols, 8 * blocks), squeeze=False,
+                             sharex=True)
+    for i in range(len(configs), blocks * cols):  # the empty places of the last row
+        axes[2 * blocks - 2, i % 3].axis("off")
+        axes[2 * blocks - 1, i % 3].axis("off")
+    for i, config in enumerate(configs):
+        top, bottom = axes[2 * (i // 3), i % 3], axes[2 * (i // 3) + 1, i % 3]
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
             pts = sorted((r["eval_len"] / r["train_len"], r) for r in rows if r["config"] == config and label(r) == name)
             style = dict(color="k", ls="--") if name == "crop" else dict(color=f"C{names.index(name) % 10}")
-            for ax, metric, tf in ((axes[0, col], "loss", math.exp), (axes[1, col], "diff_crop", lambda x: x)):
+            for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
                 p = [(m, r[metric]) for m, r in pts if r[metric] is not None]
                 if not p:
                     continue
@@ -205,11 +211,11 @@ def plot(rows, path):
                 err = [[tf(s["mean"]) - tf(s["lo"] if s["lo"] is not None else s["mean"]) for _, s in p],
                        [tf(s["hi"] if s["hi"] is not None else s["mean"]) - tf(s["mean"]) for _, s in p]]
                 ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=3, lw=1.2, label=name, **style)
-        top, bottom = axes[0, col], axes[1, col]
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
         bottom.axhline(0, color="grey", lw=0.8)
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop (nats)")
         bottom.set_xscale("log", base=2)
+        bottom.tick_params(labelbottom=True)  # sharex shows them on the last row only
         top.legend(fontsize=7, ncol=2)
     fig.suptitle("mean over seeds, error bars: 95% t-interval; below 0 in the lower row: better than cropping")
     fig.tight_layout()
