@@ -65,9 +65,8 @@ def plot(reports, metric, protocol, path):
     """One panel per run (three a row, shared axes), one line per method (mode), its colour the same in every panel."""
     plt = pyplot()
     names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
-    cols = min(3, len(reports))
-    fig, axes = plt.subplots(math.ceil(len(reports) / 3), cols, figsize=(5 * cols, 4 * math.ceil(len(reports) / 3)),
-                             squeeze=False, sharex=True, sharey=True)
+    cols, n_rows = min(3, len(reports)), math.ceil(len(reports) / 3)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(5 * cols, 4 * n_rows), squeeze=False, sharex=True, sharey=True)
     for ax in axes.flat[len(reports):]:
         ax.axis("off")
     for ax, rep in zip(axes.flat, reports):

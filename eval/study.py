@@ -192,8 +192,7 @@ def plot(rows, path):
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
     cols, blocks = min(3, len(configs)), math.ceil(len(configs) / 3)  # three configs a row, each over two panels
-    fig, axes = plt.subplots(2 * blocks, cols, figsize=(5.5 * cols, 8 * blocks), squeeze=False,
-                             sharex=True)
+    fig, axes = plt.subplots(2 * blocks, cols, figsize=(5.5 * cols, 8 * blocks), squeeze=False, sharex=True)
     for i in range(len(configs), blocks * cols):  # the empty places of the last row
         axes[2 * blocks - 2, i % 3].axis("off")
         axes[2 * blocks - 1, i % 3].axis("off")

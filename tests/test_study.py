@@ -82,6 +82,14 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     assert "--seeds 'two' is not an integer" in error_of(["configs/rope_small.py", "--seeds", "two"])
 
 
+def test_the_figure_puts_three_configs_a_row(tmp_path):
+    from matplotlib.image import imread
+    rows = study.aggregate({f"config{i}": [fake_report(4.0, 3.5), fake_report(4.2, 3.6)] for i in range(4)})
+    study.plot(rows, tmp_path / "study.png")
+    # two rows of three configs, each config over two panels (5.5 x 8 inches at 100 dpi)
+    assert imread(tmp_path / "study.png").shape[:2] == (1600, 1650)
+
+
 def test_the_study_logs_to_wandb_offline_without_a_login(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
