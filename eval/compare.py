@@ -14,9 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import json  # noqa: E402
-import math  # noqa: E402
 
-from eval.report import fmt, label, pyplot  # noqa: E402
+from eval.report import fmt, label, line_style, panels, pyplot  # noqa: E402
 from runtime import arg_parser, run_cli  # noqa: E402
 
 METRICS = ("ppl", "ppl_beyond_train")
@@ -65,21 +64,16 @@ def plot(reports, metric, protocol, path):
     """One panel per run (three a row, shared axes), one line per method (mode), its colour the same in every panel."""
     plt = pyplot()
     names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
-    cols, n_rows = min(3, len(reports)), math.ceil(len(reports) / 3)
-    fig, axes = plt.subplots(n_rows, cols, figsize=(5 * cols, 4 * n_rows), squeeze=False, sharex=True, sharey=True)
-    for ax in axes.flat[len(reports):]:
-        ax.axis("off")
-    for ax, rep in zip(axes.flat, reports):
+    fig, places = panels(plt, len(reports), 3, 1, (5, 4), sharex=True, sharey=True)
+    for (ax,), rep in zip(places, reports):
         for name in names:
             points = sorted((r["eval_len"] / rep["train_len"], r[metric]) for r in rep["results"]
                             if r["protocol"] == protocol and label(r) == name and r[metric] is not None)
-            style = dict(color="k", ls="--") if name == "crop" else dict(color=f"C{names.index(name) % 10}")
             if points:
-                ax.plot(*zip(*points), marker="o", ms=3, lw=1.2, label=name, **style)
+                ax.plot(*zip(*points), marker="o", ms=3, lw=1.2, label=name, **line_style(name, names.index(name)))
         ax.set(title=rep["run"], xlabel="eval length / training length", ylabel=metric.replace("_", " "))
-        ax.tick_params(labelbottom=True)  # sharex shows them on the last row only
         ax.legend(fontsize=7, ncol=2)
-    ax = axes[0, 0]
+    ax = places[0][0]
     ax.set_xscale("log", base=2)
     ticks = multiples(lines(reports, protocol))
     ax.set_xticks(ticks, [f"{m:g}x" for m in ticks])

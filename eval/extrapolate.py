@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from data.dataset import doc_windows, load_split  # noqa: E402
-from eval.report import fmt, label, pyplot  # noqa: E402
+from eval.report import fmt, label, line_style, panels, pyplot  # noqa: E402
 from eval.score import load_run, score_sliding, score_windows  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
 
@@ -351,15 +351,12 @@ def plot(report, path):
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = sorted({r["eval_len"] for r in entries})
     lens = [T for T in lens if T > L] or lens
-    cols, rows = min(2, len(lens)), math.ceil(len(lens) / 2)  # per length: curves above, difference below
-    fig, axes = plt.subplots(2 * rows, cols, figsize=(8 * cols, 7.5 * rows), squeeze=False,
-                             gridspec_kw=dict(height_ratios=[3, 2] * rows))
-    for ax in axes[:, len(lens) % cols or cols:][-2:].flat:
-        ax.axis("off")  # an odd number of lengths leaves the last pair of panels empty
-    for k, T in enumerate(lens):
-        top, bottom = axes[2 * (k // cols), k % cols], axes[2 * (k // cols) + 1, k % cols]
+    # two lengths a row, per length the curves above and the difference below
+    fig, places = panels(plt, len(lens), 2, 2, (8, 7.5),
+                         gridspec_kw=dict(height_ratios=[3, 2] * math.ceil(len(lens) / 2)))
+    for (top, bottom), T in zip(places, lens):
         for i, r in enumerate(r for r in entries if r["eval_len"] == T):
-            style = dict(color="k", ls="--") if r["method"] == "crop" else dict(color=f"C{i % 10}")
+            style = line_style(r["method"], i)
             if not r["available"]:
                 top.plot([], [], " ", label=f"{label(r)}: n/a")
                 continue

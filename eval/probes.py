@@ -36,7 +36,7 @@ from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab  # n
 from data.tokenizer import gpt2_tokenizer  # noqa: E402
 from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr,  # noqa: E402
                               method_factor, number, original_len, parse_list, positions, unavailable)
-from eval.report import pyplot  # noqa: E402
+from eval.report import line_style, pyplot  # noqa: E402
 from eval.score import load_run, score_rows  # noqa: E402
 from rope import rope_frequencies  # noqa: E402
 from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
@@ -250,7 +250,7 @@ def plot_copy(report, path):
         rs = [r for r in report["results"] if r["probe"] == "copy" and r["method"] == method and r["available"]]
         if not rs:
             continue
-        style = dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}")
+        style = line_style(method, i)
         x = [r["distance"] / L for r in rs]
         for ax, key in zip(axes, ("top1", "loss")):
             ax.errorbar(x, [r[key] for r in rs], yerr=[r[f"{key}_stderr"] or 0 for r in rs], marker="o", ms=3,
@@ -324,8 +324,7 @@ def plot_entropy(report, path):
     fig, axes = plt.subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)
     for ax, T in zip(axes[0], lens):
         for r in (r for r in rs if r["eval_len"] == T):
-            i = report["methods"].index(r["method"])
-            style = dict(color="k", ls="--") if r["method"] == "crop" else dict(color=f"C{i % 10}")
+            style = line_style(r["method"], report["methods"].index(r["method"]))
             ax.plot(r["x"], r["entropy"], lw=1.2, label=r["method"], **style)
         first = next(r for r in rs if r["eval_len"] == T)
         ax.plot(first["x"], first["uniform"], color="grey", ls=":", lw=1, label="uniform")

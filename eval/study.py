@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from eval.compare import load_report  # noqa: E402
-from eval.report import fmt, label, pyplot  # noqa: E402
+from eval.report import fmt, label, line_style, panels, pyplot  # noqa: E402
 from runtime import ROOT, arg_parser, run_cli  # noqa: E402
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop")
@@ -191,16 +191,11 @@ def plot(rows, path):
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
-    cols, blocks = min(3, len(configs)), math.ceil(len(configs) / 3)  # three configs a row, each over two panels
-    fig, axes = plt.subplots(2 * blocks, cols, figsize=(5.5 * cols, 8 * blocks), squeeze=False, sharex=True)
-    for i in range(len(configs), blocks * cols):  # the empty places of the last row
-        axes[2 * blocks - 2, i % 3].axis("off")
-        axes[2 * blocks - 1, i % 3].axis("off")
-    for i, config in enumerate(configs):
-        top, bottom = axes[2 * (i // 3), i % 3], axes[2 * (i // 3) + 1, i % 3]
+    fig, places = panels(plt, len(configs), 3, 2, (5.5, 8), sharex=True)
+    for (top, bottom), config in zip(places, configs):
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
             pts = sorted((r["eval_len"] / r["train_len"], r) for r in rows if r["config"] == config and label(r) == name)
-            style = dict(color="k", ls="--") if name == "crop" else dict(color=f"C{names.index(name) % 10}")
+            style = line_style(name, names.index(name))
             for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
                 p = [(m, r[metric]) for m, r in pts if r[metric] is not None]
                 if not p:
@@ -214,7 +209,6 @@ def plot(rows, path):
         bottom.axhline(0, color="grey", lw=0.8)
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop (nats)")
         bottom.set_xscale("log", base=2)
-        bottom.tick_params(labelbottom=True)  # sharex shows them on the last row only
         top.legend(fontsize=7, ncol=2)
     fig.suptitle("mean over seeds, error bars: 95% t-interval; below 0 in the lower row: better than cropping")
     fig.tight_layout()
