@@ -10,8 +10,7 @@ Each method is one small function returning (inv_freq, attention_factor); the at
 multiplies both cos and sin, as in `transformers`, so attention logits get its square.
 p-RoPE (a `fraction` of the pairs rotating) applies on top of any scaling: see rotating_pairs.
 References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), Llama 3.1 (Meta 2024),
-p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024),
-base lower bound (Men et al., "Base of RoPE Bounds Context Length", NeurIPS 2024).
+p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024).
 """
 import math
 import numbers
@@ -188,58 +187,3 @@ def apply_rope(x, cos, sin, layout="half"):
     else:
         swapped = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
     return x * cos.to(x.dtype) + swapped * sin.to(x.dtype)
-
-
-def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
-    """Men et al.'s B_m = sum_i cos(m * base^(-2i/d)) for m = start .. max_len, float64; B_0 = head_dim / 2.
-    fraction (p-RoPE): only the highest round(fraction * d/2) pairs rotate; each unrotated one adds cos(0) = 1."""
-    # the expected score gap between a key similar to the query and a random one at distance m is
-    # proportional to B_m, so B_m < 0 means attention no longer prefers the similar token at that distance
-    m = torch.arange(start, max_len + 1, dtype=torch.float64)
-    inv_freq = default_inv_freq(head_dim, base)
-    inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return torch.cos(m[:, None] * inv_freq).sum(-1)
-
-
-def first_negative(head_dim, base, max_len, fraction=None):
-    """The first distance m in 1 .. max_len with B_m < 0 (where the bound fails), or None if there is none.
-    In doubling chunks: most bases of a scan fail early."""
-    start, size = 1, 256
-    while start <= max_len:
-        negative = (base_bound_curve(head_dim, base, min(start + size - 1, max_len), start, fraction) < 0).nonzero()
-        if len(negative):
-            return start + int(negative[0])
-        start, size = start + size, 2 * size
-    return None
-
-
-def base_passes(head_dim, base, context_len):
-    # B_m >= 0 for every m in 1 .. context_len
-    return first_negative(head_dim, base, context_len) is None
-
-
-def two_digit_bases(lowest, highest):
-    # 1.0e1, 1.1e1, ..., 9.9e1, 1.0e2, ...: two significant digits, the resolution of the paper's Table 2
-    exponent = math.floor(math.log10(lowest))
-    while True:
-        for mantissa in range(10, 100):
-            base = float(f"{mantissa}e{exponent - 1}")
-            if base > highest:
-                return
-            if base >= lowest:
-                yield base
-        exponent += 1
-
-
-def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
-    """The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length") for a
-    context length: the first base b of the grid lowest, ..., 9.9e1, 1.0e2, 1.1e2, ... (two significant digits)
-    with B_m(b) >= 0 for every m in 1 .. context_len. Passing bases do not form an interval (B_m oscillates in b),
-    so this is an upward scan, not a bisection; a larger base may still fail. It is how the paper's Table 2 reads,
-    though at head dim 128 it gives 3.5e5 (16k) and 6.3e5 (32k) where the table's 3.1e5 and 6.4e5 fail before
-    those lengths. Raises ValueError if no base up to `highest` passes."""
-    for base in two_digit_bases(lowest, highest):
-        if base_passes(head_dim, base, context_len):
-            return base
-    raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
-

@@ -40,6 +40,30 @@ def arg_parser(doc):
     return p
 
 
+def parse_list(text, name, convert, allowed=None):
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"--{name} is empty")
+    if allowed:
+        bad = [t for t in items if t not in allowed]
+        if bad:
+            raise ValueError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
+    try:
+        return list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
+    except ValueError:
+        raise ValueError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
+
+
+def number(text, name, convert, minimum):
+    try:
+        value = convert(text)
+    except ValueError:
+        raise ValueError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
+    if not value >= minimum:  # also catches nan
+        raise ValueError(f"--{name} must be >= {minimum}, got {text}")
+    return value
+
+
 # ----------------------------------------------------------------------------- device
 
 def pick_device(name):

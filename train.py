@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.dataset import SHAKESPEARE, get_rows, load_meta, load_split
 from data.synthetic import copy_rows, mix_copies, random_vocab
 from model import GPT, GPTConfig
-from rope import first_negative
+from eval.base_bound import first_negative
 from runtime import (autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device,
                      run_cli, save_checkpoint)
 

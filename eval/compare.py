@@ -10,13 +10,10 @@ and PREFIX.md (the metric at each eval length, "n/a" where not available), and p
 import sys
 from pathlib import Path
 
-# run as `python eval/compare.py` the script's own folder is on sys.path, not the repo root
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import json
 
-import json  # noqa: E402
-
-from eval.report import fmt, label, line_style, panels, pyplot  # noqa: E402
-from runtime import arg_parser, run_cli  # noqa: E402
+from eval.report import fmt, label, line_style, panels, pyplot
+from runtime import arg_parser, run_cli
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")

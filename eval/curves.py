@@ -10,10 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, as in extrapolate.py
-
-from eval.report import pyplot  # noqa: E402
-from runtime import arg_parser, run_cli  # noqa: E402
+from eval.report import pyplot
+from runtime import arg_parser, run_cli
 
 
 def read_log(run_dir):

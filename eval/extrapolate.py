@@ -13,22 +13,18 @@ them to wandb if on. What each number means: docs/methodology.md.
 import sys
 from pathlib import Path
 
-# run as `python eval/extrapolate.py` the script's own folder is on sys.path, not the repo root
-# where model.py, rope.py, runtime.py and data/ live
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import csv
+import json
+import math
+import time
 
-import csv  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from data.dataset import doc_windows, load_split  # noqa: E402
-from eval.report import fmt, label, line_style, panels, pyplot  # noqa: E402
-from eval.score import load_run, score_sliding, score_windows  # noqa: E402
-from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
+from data.dataset import doc_windows, load_split
+from eval.report import fmt, label, line_style, panels, pyplot
+from eval.score import load_run, score_sliding, score_windows
+from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
 ANY_POSITIONS = ("none", "crop", "logn")  # the others rescale RoPE: nothing to scale without it (learned,
@@ -43,20 +39,6 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
 
 
 # ----------------------------------------------------------------------------- arguments
-
-def parse_list(text, name, convert, allowed=None):
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise ValueError(f"--{name} is empty")
-    if allowed:
-        bad = [t for t in items if t not in allowed]
-        if bad:
-            raise ValueError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
-    try:
-        return list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
-    except ValueError:
-        raise ValueError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
-
 
 def parse_args(argv):
     p = arg_parser(__doc__)
@@ -104,16 +86,6 @@ def parse_args(argv):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
     args["wandb_log"] = wandb_log
     return args
-
-
-def number(text, name, convert, minimum):
-    try:
-        value = convert(text)
-    except ValueError:
-        raise ValueError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
-    if not value >= minimum:  # also catches nan
-        raise ValueError(f"--{name} must be >= {minimum}, got {text}")
-    return value
 
 
 # ----------------------------------------------------------------------------- methods

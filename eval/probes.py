@@ -20,26 +20,24 @@ such: its probe results say nothing about the methods. Writes probes.json, probe
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, as in extrapolate.py
+import csv
+import json
+import math
+import time
 
-import csv  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
+import numpy as np
+import torch
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from data.dataset import doc_windows, load_split  # noqa: E402
-from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab  # noqa: E402
-from data.tokenizer import gpt2_tokenizer  # noqa: E402
-from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr,  # noqa: E402
-                              method_factor, number, original_len, parse_list, positions, unavailable)
-from eval.report import line_style, pyplot  # noqa: E402
-from eval.score import load_run, score_rows  # noqa: E402
-from rope import rope_frequencies  # noqa: E402
-from runtime import arg_parser, init_wandb, pick_device, run_cli  # noqa: E402
+from data.dataset import doc_windows, load_split
+from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab
+from data.tokenizer import gpt2_tokenizer
+from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr,
+                              method_factor, original_len, positions, unavailable)
+from eval.report import line_style, pyplot
+from eval.score import load_run, score_rows
+from rope import rope_frequencies
+from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROBES = ("copy", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already

@@ -19,20 +19,17 @@ copy inside the training length.
 import sys
 from pathlib import Path
 
-# run as `python eval/study.py` the script's own folder is on sys.path, not the repo root
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import json
+import math
+import shlex
+import subprocess
 
-import json  # noqa: E402
-import math  # noqa: E402
-import shlex  # noqa: E402
-import subprocess  # noqa: E402
+import numpy as np
+from scipy import stats
 
-import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from eval.compare import load_report  # noqa: E402
-from eval.report import fmt, label, line_style, panels, pyplot  # noqa: E402
-from runtime import ROOT, arg_parser, run_cli  # noqa: E402
+from eval.compare import load_report
+from eval.report import fmt, label, line_style, panels, pyplot
+from runtime import ROOT, arg_parser, run_cli
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop")
 

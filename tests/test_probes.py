@@ -15,7 +15,7 @@ from eval import probes
 from eval.probes import pair_kind, rotation_probe
 from model import GPT, GPTConfig, attention_entropy, visible
 from runtime import model_from_checkpoint
-from rope import base_bound_curve, first_negative, smallest_base
+from eval.base_bound import base_bound_curve, first_negative, smallest_base
 
 
 def test_plant_repeat_is_an_exact_copy_at_the_distance():

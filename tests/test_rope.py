@@ -5,7 +5,8 @@ import re
 import pytest
 import torch
 
-from rope import apply_rope, base_bound_curve, check_scaling, rope_cos_sin, rope_frequencies, smallest_base
+from eval.base_bound import base_bound_curve, smallest_base
+from rope import apply_rope, check_scaling, rope_cos_sin, rope_frequencies
 
 D, BASE, L = 32, 10000.0, 256
 STATIC = [None,

@@ -15,12 +15,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-# scripts run as `python data/shakespeare/prepare.py` get data/shakespeare/ as sys.path[0], not the
-# repo root; put the root first so `import data.*` works from any working directory
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, write_dataset  # noqa: E402
-from runtime import arg_parser, run_cli  # noqa: E402
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, write_dataset
+from runtime import arg_parser, run_cli
 
 VAL_FRACTION = 0.1
 SEED = 0

@@ -30,15 +30,11 @@ import sys
 import zlib
 from pathlib import Path
 
-# scripts run as `python data/text/prepare.py` get data/text/ as sys.path[0], not the repo root;
-# put the root first so `import data.*` works from any working directory
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tqdm import tqdm
 
-from tqdm import tqdm  # noqa: E402
-
-from data.dataset import VOCAB_SIZE, is_prepared, load_meta, split_documents, val_by_hash, write_documents  # noqa: E402
-from data.tokenizer import GPT2_VOCAB_SIZE  # noqa: E402
-from runtime import arg_parser, run_cli  # noqa: E402
+from data.dataset import VOCAB_SIZE, is_prepared, load_meta, split_documents, val_by_hash, write_documents
+from data.tokenizer import GPT2_VOCAB_SIZE
+from runtime import arg_parser, run_cli
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
