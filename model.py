@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from rope import LAYOUTS, apply_rope, check_scaling, rope_cos_sin, rope_frequencies, rotating_pairs
+from rope import LAYOUTS, apply_rope, check_scaling, rope_cos_sin, rope_frequencies, rotating_pairs, scaling_type
 
 POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
@@ -53,23 +53,22 @@ class GPTConfig:
             raise ValueError(f"rope_fraction={self.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {self.pos_emb!r}")
         if self.pos_emb == "rope":
             rotating_pairs(self.n_embd // self.n_head, self.rope_fraction)  # validates it
-        self.full_rope_scaling()  # validates it
+        check_scaling(self.full_rope_scaling())
 
     def full_rope_scaling(self, scaling=None):
         """`scaling` (default: the trained rope_scaling) with the original length defaulting to the model's
         own context length, as transformers does."""
         scaling = scaling or self.rope_scaling
-        if isinstance(scaling, dict):
-            scaling = {"original_max_position_embeddings": self.block_size, **scaling}
-        check_scaling(scaling)  # also rejects what is not a dict
-        return scaling
+        return {"original_max_position_embeddings": self.block_size, **scaling} if isinstance(scaling, dict) else scaling
 
 
-class Rotary(NamedTuple):
-    inv_freq: torch.Tensor  # [1 or T queries, head_dim / 2]
-    attention_factor: float  # multiplies cos and sin (YaRN's temperature)
-    cos: torch.Tensor  # [T, head_dim] tables of row 0 of inv_freq (rope.rope_cos_sin), shared by every layer
-    sin: torch.Tensor
+class Positions(NamedTuple):
+    """What every layer of one forward shares, built once by GPT.forward."""
+    cos: torch.Tensor | None  # [Tk, head_dim] rotation tables (rope.rope_cos_sin); None without RoPE
+    sin: torch.Tensor | None
+    mask: torch.Tensor | None  # None: plain causal; bool [T, Tk] keys each query sees; float [H, T, Tk] ALiBi bias
+    q_scale: torch.Tensor | None  # [T, 1] log-n scaling of each query
+    per_query: tuple | None  # (inv_freq [T, head_dim/2], attention_factor): exact causal dynamic scaling
 
 
 class KVCache:
@@ -129,13 +128,13 @@ def logn_scale(positions, train_len):
     return (n.log() / math.log(train_len)).clamp(min=1).float()
 
 
-def per_query_rope_attention(q, k, v, inv_freq, attention_factor, mask, layout):
-    """Attention where query t and every key it sees are rotated with its own frequencies inv_freq[t]
-    (exact causal dynamic scaling: the frequencies for length t+1). Chunks of queries keep the
-    re-rotated keys small."""
+def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
+    """Exact causal dynamic scaling: query t and every key it sees are rotated with inv_freq[t], the
+    frequencies for length t + 1. mask: bool [T, T], the keys each query sees. Chunks of queries keep the
+    re-rotated keys small (~16 MB)."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
-    chunk = max(1, (1 << 22) // (B * H * T * D))  # ~16 MB of re-rotated keys; larger chunks were slower on a CPU
+    chunk = max(1, (1 << 22) // (B * H * T * D))
     out = []
     # last chunk first: the re-rotated keys then shrink from chunk to chunk and the allocator reuses the
     # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)
@@ -151,57 +150,42 @@ def per_query_rope_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     return torch.cat(out[::-1], dim=2)
 
 
-def attention_entropy(q, k, mask):
-    """Entropy (nats) of each query's attention distribution [T], mean over batch and heads. mask: bool
-    (may attend) or a float bias [.., T, Tk] that carries the masking as -inf."""
-    att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))
-    att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask.float()
-    p = att.softmax(dim=-1)
-    return -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
+class Attend(nn.Module):
+    """softmax(q k^T / sqrt(d) + mask) v. A module of its own so that a probe can read its inputs through a
+    forward hook (eval/probes.py's attention entropy)."""
+
+    def forward(self, q, k, v, mask, dropout_p):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.size(2) > 1,
+                                              dropout_p=dropout_p)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.record = None  # a list to append each forward's attention entropy to (eval/probes.py); None: off
-        self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
-        self.layout = config.rope_layout
+        self.layer, self.n_head, self.dropout, self.layout = layer, config.n_head, config.dropout, config.rope_layout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.attend = Attend()
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope, alibi, cache, window, logn_len):
+    def forward(self, x, pos, cache):
         B, T, C = x.size()
-        H = self.n_head
-        qkv = self.c_attn(x).view(B, T, 3 * H, C // H).transpose(1, 2)  # [B, 3H, T, head_dim]
-        q, k, v = qkv.split(H, dim=1)
-        if cache is not None:
+        q, k, v = self.c_attn(x).view(B, T, 3 * self.n_head, C // self.n_head).transpose(1, 2).split(self.n_head, dim=1)
+        if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
-        Tk = k.size(2)  # with a cache the T new queries are the last T of Tk positions
-        rotate = rope is not None and rope.inv_freq.size(0) == 1  # else every query has its own frequencies
-        if rotate and cache is None:  # a full forward: q and k in one rotation
-            q, k = apply_rope(qkv[:, :2 * H], rope.cos, rope.sin, self.layout).split(H, dim=1)
-        elif rotate:  # the cache keeps keys unrotated, since dynamic scaling changes their angles as it grows
-            q = apply_rope(q, rope.cos[Tk - T:], rope.sin[Tk - T:], self.layout)
-            k = apply_rope(k, rope.cos, rope.sin, self.layout)
-        if logn_len:  # a scale per query position, so before or after the rotation alike
-            q = q * logn_scale(torch.arange(Tk - T, Tk, device=x.device), logn_len)[:, None].to(q.dtype)
-        plain = not window or window >= Tk  # causal attention alone does it, no mask needed
-        if rope is not None and not rotate:
-            y = per_query_rope_attention(q, k, v, rope.inv_freq, rope.attention_factor,
-                                         visible(T, Tk, window, x.device), self.layout)
+        Tk = k.size(2)  # the T queries are the last T of Tk positions
+        if pos.cos is not None:
+            q = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
+            k = apply_rope(k, pos.cos, pos.sin, self.layout)
+        if pos.q_scale is not None:  # one scale per query: before or after the rotation alike
+            q = q * pos.q_scale.to(q.dtype)
+        if pos.per_query is not None:  # exact causal dynamic: rotates q and k itself
+            y = causal_dynamic_attention(q, k, v, *pos.per_query, pos.mask, self.layout)
         else:
-            if alibi is not None:  # the bias carries the causal and window masks too
-                mask = alibi.to(q.dtype)
-            else:
-                mask = None if plain and (T == Tk or T == 1) else visible(T, Tk, window, x.device)
-            if self.record is not None:
-                self.record.append(attention_entropy(q, k, visible(T, Tk, window, x.device) if mask is None else mask))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                               dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+            mask = pos.mask.to(q.dtype) if pos.mask is not None and pos.mask.is_floating_point() else pos.mask
+            y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class MLP(nn.Module):
@@ -225,8 +209,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, alibi, cache, window, logn_len):
-        x = x + self.attn(self.ln_1(x), rope, alibi, cache, window, logn_len)
+    def forward(self, x, pos, cache):
+        x = x + self.attn(self.ln_1(x), pos, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -258,30 +242,43 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def rotary(self, seq_len, scaling, causal_dynamic, device):
-        """The RoPE frequencies for one forward over positions [0, seq_len), shared by all layers: one row
-        [1, head_dim/2] used by every query, or with causal_dynamic one row per query, row t being the
-        frequencies for length t + 1 (exact causal dynamic scaling)."""
+    def frequencies(self, seq_len, scaling=None):
+        """(inv_freq [head_dim/2], attention_factor) of RoPE for a forward over seq_len tokens with a
+        rope_scaling dict (None: as trained), p-RoPE's unrotated pairs at 0."""
         cfg = self.config
-        scaling = cfg.full_rope_scaling(scaling)
-        lengths = range(1, seq_len + 1) if causal_dynamic else [seq_len]
-        freqs = [rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, scaling, seq_len=n, fraction=cfg.rope_fraction)
-                 for n in lengths]
-        inv_freq, attention_factor = torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1]
-        cos, sin = rope_cos_sin(inv_freq[0], torch.arange(seq_len, device=device), attention_factor, cfg.rope_layout)
-        return Rotary(inv_freq, attention_factor, cos, sin)
+        return rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, cfg.full_rope_scaling(scaling), seq_len,
+                                cfg.rope_fraction)
+
+    def rotary(self, seq_len, scaling, causal_dynamic, device):
+        """(cos, sin, per_query) of RoPE for one forward over positions [0, seq_len), shared by every layer:
+        the tables of rope.rope_cos_sin, or with causal_dynamic per_query = (inv_freq [seq_len, head_dim/2],
+        attention_factor), row t the frequencies for length t + 1 (exact causal dynamic scaling)."""
+        if causal_dynamic:
+            freqs = [self.frequencies(n, scaling) for n in range(1, seq_len + 1)]
+            return None, None, (torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1])
+        inv_freq, attention_factor = self.frequencies(seq_len, scaling)
+        cos, sin = rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention_factor,
+                                self.config.rope_layout)
+        return cos, sin, None
+
+    def attention_mask(self, T, Tk, window, exact, device):
+        """The one mask of a forward whose T queries are the last of Tk positions: None where SDPA's causal
+        flag does it, else a bool [T, Tk] of the keys each query sees (causal, within `window` if set), or
+        ALiBi's float bias [H, T, Tk] that carries the masking as -inf. exact: the causal dynamic path,
+        which always takes the bool mask."""
+        if self.config.pos_emb == "alibi":
+            return alibi_bias(alibi_slopes(self.config.n_head), T, Tk, window, device)
+        if not exact and (not window or window >= Tk) and T in (1, Tk):
+            return None
+        return visible(T, Tk, window, device)
 
     def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, logn_len=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given).
-        cache: a KVCache, continued in place. How positions are treated at inference, for this call only:
-        rope_scaling: a rope_scaling dict replacing the one the model was trained with (None: as trained);
-        causal_dynamic: exact per-position dynamic scaling; window: attend to at most the last `window`
-        positions (the crop baseline); logn_len: log-n attention scaling past this length."""
+        cache: a KVCache, continued in place. How positions are treated, for this call only (eval/methods.py
+        builds them): rope_scaling: a rope_scaling dict replacing the trained one (None: as trained);
+        causal_dynamic: exact per-position dynamic scaling (a full forward, no cache); window: attend to at most
+        the last `window` positions; logn_len: log-n attention scaling past this length."""
         B, T = idx.size()
-        if causal_dynamic and cache is not None:
-            raise ValueError("causal_dynamic is for a full forward; a KV cache is already causal")
-        if rope_scaling is not None and self.config.pos_emb == "alibi":
-            raise ValueError(f"rope_scaling={rope_scaling!r} given to an ALiBi model: ALiBi has no rotation to scale")
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.wte(idx)
@@ -294,12 +291,13 @@ class GPT(nn.Module):
                 raise ValueError(f"learned position table has {self.config.block_size} entries; "
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
-        rope = self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope" else None
-        alibi = (alibi_bias(alibi_slopes(self.config.n_head), T, start + T, window, idx.device)
-                 if self.config.pos_emb == "alibi" else None)  # once per forward, for every layer
+        rope = (self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope"
+                else (None, None, None))
+        pos = Positions(*rope[:2], self.attention_mask(T, start + T, window, causal_dynamic, idx.device),
+                        logn_scale(positions, logn_len)[:, None] if logn_len else None, rope[2])
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, rope, alibi, cache, window, logn_len)
+            x = block(x, pos, cache)
         if cache is not None:
             cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -339,7 +337,7 @@ class GPT(nn.Module):
         its frequencies follow the length of the forward, so past the original length one forward would give
         every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
         scaling = self.config.full_rope_scaling(rope_scaling) if self.config.pos_emb == "rope" else None
-        if check_scaling(scaling)[0] == "dynamic":
+        if scaling_type(scaling) == "dynamic":
             return min(T, scaling["original_max_position_embeddings"])
         return T
 

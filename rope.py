@@ -90,13 +90,19 @@ def is_number(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def scaling_type(scaling):
+    # transformers' older configs name the key "type"
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
 def check_scaling(scaling):
-    """Validate a rope_scaling dict; returns (rope_type, factor). Raises ValueError naming what is wrong."""
+    """Validate a rope_scaling dict (at the boundary: a config, a command's options); returns (rope_type,
+    factor). Raises ValueError naming what is wrong."""
     if scaling is None:
         return "default", 1.0
     if not isinstance(scaling, dict):
         raise ValueError(f"rope_scaling must be a dict or None, got {scaling!r}; e.g. {EXAMPLE}")
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = scaling_type(scaling)
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
     factor = scaling.get("factor", 1.0)
@@ -134,10 +140,9 @@ def rotating_pairs(head_dim, fraction):
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict.
     seq_len is the length of the sequence being processed; only `dynamic` uses it. A "rope_theta" in the dict
-    (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating pairs (None: all)."""
-    if head_dim % 2:
-        raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
-    rope_type, factor = check_scaling(scaling)
+    (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating pairs (None: all).
+    The dict is trusted: check_scaling validates it where it comes in."""
+    rope_type, factor = scaling_type(scaling), float((scaling or {}).get("factor", 1.0))
     base = (scaling or {}).get("rope_theta") or base
     attention_factor = 1.0
     if rope_type == "default":

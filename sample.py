@@ -14,7 +14,7 @@ import sys
 import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.extrapolate import ABSOLUTE, METHODS, applicable, method_factor, positions
+from eval.methods import METHODS, forward_args, original_len, truncates, unavailable
 from model import sample_next
 from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, pick_device, run_cli
 
@@ -59,16 +59,6 @@ def parse_args(argv):
     return dict(vars(a), factor=factor, device=device)
 
 
-def check_fits(config, method, total_len):
-    """A one-line error, before any sampling, for what the model cannot do."""
-    if not applicable(method, config.pos_emb):
-        raise ValueError(f"--method {method} rescales RoPE; a pos_emb={config.pos_emb!r} model takes "
-                         f"{', '.join(m for m in METHODS if applicable(m, config.pos_emb))}")
-    if config.pos_emb == "learned" and method != "crop" and total_len > config.block_size:
-        raise ValueError(f"a learned position table has {config.block_size} entries: prompt + new tokens = {total_len} "
-                         f"do not fit (a learned model cannot extrapolate); ask for fewer or use --method crop")
-
-
 @torch.no_grad()
 def generate_truncated(model, idx, max_new_tokens, temperature, top_k):
     """crop for an absolute encoding: each token from its last block_size tokens at positions 0 .. L-1
@@ -96,18 +86,19 @@ def sample(args):
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
     text = text or ""
     total = len(prompt) + args["max_new_tokens"]
-    method = args["method"]
-    check_fits(cfg, method, total)
-    factor = method_factor(method, args["factor"], total, cfg.block_size)
-    kwargs = positions(method, factor, cfg.block_size)
-    print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={cfg.block_size}; {len(prompt)} prompt + "
-          f"{args['max_new_tokens']} new tokens = {total / cfg.block_size:.3g} L; method {method}: {kwargs or 'as trained'}",
+    method, train_len = args["method"], original_len(ckpt)
+    reason = unavailable(cfg, method, total)
+    if reason:  # before any sampling
+        raise ValueError(f"--method {method}: {reason}")
+    kwargs = forward_args(method, total, train_len, cfg.block_size, args["factor"])
+    print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
+          f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: {kwargs or 'as trained'}",
           file=sys.stderr)
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
     _, ctx = autocast("auto", torch.device(args["device"]).type)
     with ctx:
-        if method == "crop" and cfg.pos_emb in ABSOLUTE:
+        if truncates(method, cfg.pos_emb):
             out = generate_truncated(model, idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None)
         else:
             out = model.generate(idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None, **kwargs)

@@ -23,13 +23,11 @@ from tqdm import tqdm
 
 from data.dataset import doc_windows, load_split
 from eval.report import fmt, label, line_style, panels, pyplot
+from eval import methods
+from eval.methods import METHODS, forward_args, method_factor, original_len, truncates
 from eval.score import load_run, score_sliding, score_windows
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
-METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
-ANY_POSITIONS = ("none", "crop", "logn")  # the others rescale RoPE: nothing to scale without it (learned,
-# sinusoidal, alibi, none); crop and logn act on attention, so they apply to ALiBi's distance biases too
-ABSOLUTE = ("learned", "sinusoidal")  # position encodings added to the input: crop is truncation for them
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
@@ -88,60 +86,13 @@ def parse_args(argv):
     return args
 
 
-# ----------------------------------------------------------------------------- methods
+# ----------------------------------------------------------------------------- the grid
 
-def method_factor(method, factor, total_len, train_len):
-    """The factor in the method's arguments at total_len: None where there is none; dynamic-ntk's is
-    transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
-    default to the ratio that maps the length back onto the training length (never below 1)."""
-    if method in ANY_POSITIONS:
-        return None
-    if method == "dynamic-ntk":
-        return factor or 1.0
-    return factor or max(1.0, total_len / train_len)
-
-
-def positions(method, factor, train_len, window=None):
-    """GPT.forward's position arguments for a method: a Hugging Face style rope_scaling dict, an attention
-    window or log-n scaling (docs/methodology.md has each definition). train_len: the original training
-    length the methods scale from; window: crop's window (default train_len; a fine-tuned run's own length)."""
-    s, L = factor, train_len
-    yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
-    return {
-        "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
-        "crop": {"window": window or L},
-        "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
-        "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
-        # factor is transformers' extra multiplier a here, not the length ratio
-        "dynamic-ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": s, "original_max_position_embeddings": L}},
-        "yarn": {"rope_scaling": yarn},
-        "ntk-by-parts": {"rope_scaling": {**yarn, "attention_factor": 1.0}},  # YaRN without its temperature
-        "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
-                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
-        "logn": {"logn_len": L},
-        "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
-    }[method]
-
-
-def applicable(method, pos_emb):
-    # every method applies to RoPE (p-RoPE included: its rotating pairs are scaled as in full RoPE)
-    return pos_emb == "rope" or method in ANY_POSITIONS
-
-
-def original_len(ckpt):
-    """The length a run's first training was at: its block_size, or for a fine-tune the one it started from."""
-    return (ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"]
-
-
-def unavailable(model, method, protocol, eval_len):
-    """Why this entry cannot be scored, or None: an explicit check, never a caught exception."""
-    cfg = model.config
-    if method == "crop" and cfg.pos_emb in ABSOLUTE and protocol == "sliding" and eval_len > cfg.block_size:
+def unavailable(config, method, protocol, eval_len):
+    """Why this entry cannot be scored, or None (eval/methods.py's reasons, and one of the protocol's)."""
+    if truncates(method, config.pos_emb) and protocol == "sliding" and eval_len > config.block_size:
         return "crop of an absolute encoding is per-token truncation, reported under the windows protocol"
-    if cfg.pos_emb == "learned" and eval_len > cfg.block_size and method != "crop":
-        return (f"learned position table has {cfg.block_size} entries; cannot encode position "
-                f"{eval_len - 1} (a learned model cannot extrapolate)")
-    return None
+    return methods.unavailable(config, method, eval_len)
 
 
 def grid(methods, protocols, dynamic_modes, eval_lens):
@@ -169,7 +120,7 @@ def choose_units(docs, protocol, eval_len, tokens, seed):
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs):
     """(NLL [units, n], window position of every scored target [units, n])."""
     L = model.config.block_size
-    if protocol == "windows" and method == "crop" and model.config.pos_emb in ABSOLUTE:
+    if protocol == "windows" and truncates(method, model.config.pos_emb):
         # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1
         # to L tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
         nll = np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])
@@ -241,15 +192,15 @@ def run_grid(model, tokens, docs, args, train_len):
     for protocol, T, method, mode in tqdm(grid(args["methods"], args["protocols"], args["dynamic_modes"], eval_lens),
                                           desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
-        factor = method_factor(method, args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"], T, train_len)
+        factor = method_factor(method, T, train_len, args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"])
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         if stride is not None and stride > T:
             raise ValueError(f"--stride {stride} is longer than the evaluation length {T}; use a stride <= {T}")
-        kwargs = dict(positions(method, factor, train_len, model.config.block_size), causal_dynamic=mode == "causal")
+        kwargs = dict(forward_args(method, T, train_len, model.config.block_size, factor), causal_dynamic=mode == "causal")
         entry = dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
                      positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts))
         t0 = time.time()
-        reason = unavailable(model, method, protocol, T)
+        reason = unavailable(model.config, method, protocol, T)
         nll, pos = (None, None) if reason else score_units(model, tokens, starts, n, protocol, T, stride, method, kwargs)
         scored[protocol, T, method, mode] = nll
         empty = dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr"))
@@ -384,9 +335,9 @@ def extrapolate(args):
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
               f"{model.config.block_size}, crop's window")
-    dropped = [m for m in args["methods"] if not applicable(m, pos_emb)]
-    if dropped:
-        kept = [m for m in args["methods"] if applicable(m, pos_emb)]
+    kept = methods.applicable(args["methods"], pos_emb)
+    if kept != args["methods"]:
+        dropped = [m for m in args["methods"] if m not in kept]
         print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(dropped)}) do not apply; evaluating {', '.join(kept) or 'nothing'}")
         args = dict(args, methods=kept)
     if model.config.rope_scaling:

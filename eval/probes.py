@@ -24,6 +24,7 @@ import csv
 import json
 import math
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -32,11 +33,11 @@ from tqdm import tqdm
 from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
-from eval.extrapolate import (ABSOLUTE, ANY_POSITIONS, METHODS, applicable, bin_edges, mean_stderr,
-                              method_factor, original_len, positions, unavailable)
+from eval.extrapolate import bin_edges, mean_stderr
+from eval.methods import ANY_ENCODING, METHODS, applicable, forward_args, original_len, truncates, unavailable
 from eval.report import line_style, pyplot
 from eval.score import load_run, score_rows
-from rope import rope_frequencies
+from model import visible
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROBES = ("copy", "passkey", "rotation", "entropy")
@@ -81,19 +82,17 @@ def parse_args(argv):
 
 # ----------------------------------------------------------------------------- scoring
 
-def score_method(model, rows, method, tokens_per_batch=16384, train_len=None):
-    """(NLL, top-1 hit) [N, n] of rows [N, n+1] under a method, or (None, reason). Probe targets sit at the
-    end of each row, so crop of an absolute encoding (truncation) scores only the row's last L tokens.
-    train_len: the length the methods scale from (a fine-tuned run's original one; default block_size)."""
-    L, n = model.config.block_size, rows.shape[1] - 1
-    L0 = train_len or L
-    reason = unavailable(model, method, "windows", n)
+def score_method(model, rows, method, train_len, tokens_per_batch=16384):
+    """(NLL, top-1 hit) [N, n] of rows [N, n+1] under a method, or (None, reason). train_len: the length the
+    methods scale from. Probe targets sit at the end of each row, so crop of an absolute encoding (truncation)
+    scores only the row's last L tokens."""
+    cfg, n = model.config, rows.shape[1] - 1
+    reason = unavailable(cfg, method, n)
     if reason:
         return None, reason
-    factor = method_factor(method, None, n, L0)
-    if method == "crop" and model.config.pos_emb in ABSOLUTE and n > L:
-        return score_rows(model, rows[:, -(L + 1):], tokens_per_batch), None
-    return score_rows(model, rows, tokens_per_batch, **positions(method, factor, L0, L)), None
+    if truncates(method, cfg.pos_emb) and n > cfg.block_size:
+        return score_rows(model, rows[:, -(cfg.block_size + 1):], tokens_per_batch), None
+    return score_rows(model, rows, tokens_per_batch, **forward_args(method, n, train_len, cfg.block_size)), None
 
 
 def entry(probe, method, eval_len, reason=None, **fields):
@@ -114,7 +113,7 @@ def copy_probe(model, tokens, docs, args, vocab):
         filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
         rows = copy_rows(filler, rng, k, [d] * len(filler), vocab)
         for method in tqdm(args["methods"], desc=f"copy d={d}", leave=False):
-            (scored, reason) = score_method(model, rows, method, train_len=args["train_len"])
+            (scored, reason) = score_method(model, rows, method, args["train_len"])
             if reason:
                 out.append(entry("copy", method, n, reason, distance=d))
                 continue
@@ -148,7 +147,7 @@ def passkey_probe(model, tokens, docs, args, encode):
             trials = [passkey_row(tokens[s:s + n], encode, int(key), depth) for s, key in zip(starts, keys)]
             rows = np.stack([r for r, _ in trials])
             for method in args["methods"]:
-                (scored, reason) = score_method(model, rows, method, train_len=args["train_len"])
+                (scored, reason) = score_method(model, rows, method, args["train_len"])
                 if reason:
                     out.append(entry("passkey", method, n, reason, depth=depth))
                     continue
@@ -166,29 +165,31 @@ def passkey_probe(model, tokens, docs, args, encode):
 
 def rotation_probe(model, args):
     """Per method and evaluation length, per frequency pair: turns over the training length (unscaled, what
-    training saw) and over the evaluation length (scaled), and the ratio scaled / unscaled frequency."""
-    cfg = model.config
-    if cfg.pos_emb != "rope":
+    training saw) and over the evaluation length (scaled), and the ratio scaled / unscaled frequency
+    (None for p-RoPE's pairs that do not rotate)."""
+    if model.config.pos_emb != "rope":
         return []
-    L, dim = args.get("train_len") or cfg.block_size, cfg.n_embd // cfg.n_head
-    base = rope_frequencies(dim, cfg.rope_base)[0].double()
+    L = args["train_len"]
+    base = model.frequencies(L, {"rope_type": "default"})[0].double()
     out = []
     for mult in args["lengths"]:
         T = round(mult * L)
         for method in args["methods"]:
             # none, crop and logn have no rope_scaling: they leave the frequencies as trained
-            scaling = positions(method, method_factor(method, None, T, L), L).get("rope_scaling")
-            freq, attention = rope_frequencies(dim, cfg.rope_base, cfg.full_rope_scaling(scaling), seq_len=T)
-            ratio = freq.double() / base
+            freq, attention = model.frequencies(T, forward_args(method, T, L, L).get("rope_scaling"))
+            ratio = [f / b if b else None for f, b in zip(freq.double().tolist(), base.tolist())]
             out.append(entry("rotation", method, T, attention_factor=attention,
                              turns_train=(L * base / (2 * math.pi)).tolist(),
-                             turns_eval=(T * freq.double() / (2 * math.pi)).tolist(), ratio=ratio.tolist(),
-                             kind=[pair_kind(r, T / L) for r in ratio.tolist()]))
+                             turns_eval=(T * freq.double() / (2 * math.pi)).tolist(), ratio=ratio,
+                             kind=[pair_kind(r, T / L) for r in ratio]))
     return out
 
 
 def pair_kind(ratio, factor):
-    """extrapolated (frequency kept), interpolated (divided by the length factor) or blended (between)."""
+    """extrapolated (frequency kept), interpolated (divided by the length factor), blended (between) or
+    unrotated (p-RoPE)."""
+    if ratio is None:
+        return "unrotated"
     if abs(ratio - 1) < 1e-6:
         return "extrapolated"
     return "interpolated" if abs(ratio * factor - 1) < 1e-6 else "blended"
@@ -196,32 +197,51 @@ def pair_kind(ratio, factor):
 
 # ----------------------------------------------------------------------------- attention entropy
 
+def attention_entropy(q, k, mask):
+    """Entropy (nats) of each query's attention distribution [T], mean over batch and heads, from the inputs
+    of model.Attend: mask None (causal), bool (may attend) or a float bias [.., T, Tk] with -inf masking."""
+    T, Tk = q.size(-2), k.size(-2)
+    att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))
+    mask = visible(T, Tk, None, q.device) if mask is None else mask
+    att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask.float()
+    p = att.softmax(dim=-1)
+    return -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
+
+
+@contextmanager
+def recording_entropy(model):
+    """Per layer, a list that gets the attention entropy of each forward, through forward hooks on the layer's
+    model.Attend, removed on exit."""
+    records = [[] for _ in model.transformer.h]
+    hooks = [block.attn.attend.register_forward_hook(lambda module, inputs, output, r=r: r.append(
+        attention_entropy(*inputs[:2], inputs[3]))) for block, r in zip(model.transformer.h, records)]
+    try:
+        yield records
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def entropy_probe(model, tokens, docs, args):
-    """Per length and method: attention entropy by query position, binned, mean over layers and heads."""
+    """Per length and method: attention entropy by query position, binned, mean over layers and heads,
+    recorded by forward hooks on every layer's attention."""
     L = model.config.block_size
     rng = np.random.default_rng(args["seed"] + 2)
-    layers = [block.attn for block in model.transformer.h]
     out = []
     for mult in args["lengths"]:
         n = round(mult * L)
         rows = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, ENTROPY_WINDOWS, rng)])
         edges = bin_edges(n, "linear")
         for method in args["methods"]:
-            if method == "crop" and model.config.pos_emb in ABSOLUTE and n > L:
+            if truncates(method, model.config.pos_emb) and n > L:
                 out.append(entry("entropy", method, n, "crop of an absolute encoding is truncation: no attention over the window"))
                 continue
-            for attn in layers:
-                attn.record = []
-            try:  # one window per forward: the explicit attention matrix is [heads, n, n]
-                _, reason = score_method(model, rows, method, n, args["train_len"])
-                per_layer = [torch.stack(attn.record).mean(0) for attn in layers] if not reason else None
-            finally:
-                for attn in layers:
-                    attn.record = None
+            with recording_entropy(model) as records:  # one window per forward: the attention is [heads, n, n]
+                _, reason = score_method(model, rows, method, args["train_len"], n)
             if reason:
                 out.append(entry("entropy", method, n, reason))
                 continue
-            curve = torch.stack(per_layer).mean(0).double().cpu().numpy()
+            curve = torch.stack([torch.stack(r).mean(0) for r in records]).mean(0).double().cpu().numpy()
             x = (edges[:-1] + edges[1:] - 1) / 2
             out.append(entry("entropy", method, n, x=x.tolist(), uniform=np.log(x + 1).round(4).tolist(),
                              entropy=[round(float(curve[a:b].mean()), 4) for a, b in zip(edges[:-1], edges[1:])],
@@ -300,7 +320,7 @@ def plot_rotation(report, path):
     fig, axes = plt.subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)
     for ax, T in zip(axes[0], lens):
         for i, r in enumerate(r for r in rs if r["eval_len"] == T):
-            if r["method"] in ANY_POSITIONS and r["method"] != "none":
+            if r["method"] in ANY_ENCODING and r["method"] != "none":
                 continue  # same frequencies as none
             ax.plot(r["turns_eval"], marker=".", lw=1, label=r["method"], color=f"C{i % 10}")
         ax.plot(rs[0]["turns_train"], color="k", ls="--", lw=1.2, label="over the training length")
@@ -352,7 +372,7 @@ def probes(args):
     L, vocab = model.config.block_size, model.config.vocab_size
     if {"passkey", "copy", "entropy"} & set(args["probes"]):
         tokens, docs = load_split(data_dir, "val")
-    methods = [m for m in args["methods"] if applicable(m, model.config.pos_emb)]
+    methods = applicable(args["methods"], model.config.pos_emb)
     args = dict(args, methods=methods, train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),

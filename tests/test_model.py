@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from eval.extrapolate import applicable, unavailable
-from model import GPT, GPTConfig, KVCache, alibi_bias, alibi_slopes, sinusoidal_embedding
+from eval.extrapolate import unavailable
+from eval.methods import applicable
+from model import GPT, GPTConfig, KVCache, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
 
@@ -149,7 +150,7 @@ def test_alibi_attention_is_softmax_of_scaled_scores_plus_the_bias():
     y = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1) @ v
     expected = attn.c_proj(y.transpose(1, 2).reshape(2, T, 32))
     with torch.no_grad():
-        out = attn(x, None, alibi_bias(alibi_slopes(H), T, T, None, "cpu"), None, None, None)
+        out = attn(x, Positions(None, None, alibi_bias(alibi_slopes(H), T, T, None, "cpu"), None, None), None)
     assert torch.allclose(out, expected, atol=1e-6)
 
 
@@ -168,10 +169,10 @@ def test_alibi_biases_matter_and_run_past_the_training_length_and_through_the_ca
 
 def test_alibi_is_evaluated_past_the_training_length_with_none_crop_and_logn():
     model = tiny(pos_emb="alibi")
-    assert [m for m in ("none", "crop", "pi", "ntk", "yarn", "logn", "ntk+logn") if applicable(m, "alibi")] == ["none", "crop", "logn"]
-    assert unavailable(model, "none", "windows", 16 * L) is None and unavailable(model, "crop", "sliding", 16 * L) is None
-    with pytest.raises(ValueError, match="given to an ALiBi model: ALiBi has no rotation to scale"):
-        model(torch.zeros(1, 2 * L, dtype=torch.long), rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert applicable(("none", "crop", "pi", "ntk", "yarn", "logn", "ntk+logn"), "alibi") == ["none", "crop", "logn"]
+    assert unavailable(model.config, "none", "windows", 16 * L) is None
+    assert unavailable(model.config, "crop", "sliding", 16 * L) is None
+    assert "rescales RoPE" in unavailable(model.config, "yarn", "windows", 16 * L)
 
 
 def test_p_rope_with_every_pair_is_rope_and_with_half_differs():

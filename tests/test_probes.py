@@ -12,10 +12,11 @@ import torch
 from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_chunk_row, copy_rows, mix_copies, passkey_row, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval import probes
-from eval.probes import pair_kind, rotation_probe
-from model import GPT, GPTConfig, attention_entropy, visible
-from runtime import model_from_checkpoint
 from eval.base_bound import base_bound_curve, first_negative, smallest_base
+from eval.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
+from model import GPT, GPTConfig, visible
+from rope import apply_rope
+from runtime import model_from_checkpoint
 
 
 def test_plant_repeat_is_an_exact_copy_at_the_distance():
@@ -111,7 +112,7 @@ def test_turn_counts_match_the_closed_form():
     # pair i turns L * base^(-2i/d) / (2 pi) times over L; PI at factor s = T/L makes every pair turn exactly
     # as often over T as it did over L; YaRN keeps pairs with more than 32 turns and interpolates those below 1
     model = GPT(GPTConfig(block_size=256, vocab_size=16, n_layer=1, n_head=2, n_embd=64, rope_base=10000.0))
-    report = rotation_probe(model, dict(lengths=[4], methods=["none", "pi", "yarn"]))
+    report = rotation_probe(model, dict(lengths=[4], methods=["none", "pi", "yarn"], train_len=256))
     theta = 10000.0 ** (-np.arange(0, 32, 2) / 32)
     by = {r["method"]: r for r in report}
     assert np.allclose(by["none"]["turns_train"], 256 * theta / (2 * math.pi), rtol=1e-6)
@@ -124,6 +125,17 @@ def test_turn_counts_match_the_closed_form():
     assert all(k == "interpolated" for k, t in zip(kinds, turns) if t < 1)
     assert "blended" in kinds
     assert pair_kind(0.5, 2.0) == "interpolated" and pair_kind(0.7, 2.0) == "blended"
+
+
+def test_p_rope_pairs_that_do_not_rotate_do_not_turn_in_the_rotation_probe():
+    # rope_fraction 0.5: only the 8 highest-frequency of the 16 pairs rotate; the other 8 never turn, under
+    # any method (before, the probe rebuilt the frequencies without rope_fraction and showed them turning)
+    model = GPT(GPTConfig(block_size=256, vocab_size=16, n_layer=1, n_head=2, n_embd=64, rope_fraction=0.5))
+    theta = 10000.0 ** (-np.arange(0, 32, 2) / 32)
+    for r in rotation_probe(model, dict(lengths=[4], methods=["none", "pi", "yarn"], train_len=256)):
+        assert r["turns_train"][8:] == [0.0] * 8 and r["turns_eval"][8:] == [0.0] * 8
+        assert r["kind"][8:] == ["unrotated"] * 8 and r["ratio"][8:] == [None] * 8
+        assert np.allclose(r["turns_train"][:8], 256 * theta[:8] / (2 * math.pi), rtol=1e-6)
 
 
 def test_base_bound_by_hand():
@@ -176,17 +188,17 @@ def test_the_entropy_recorded_in_a_forward_matches_an_explicit_softmax():
     model = GPT(GPTConfig(block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
     idx = torch.randint(32, (1, 16))
     attn = model.transformer.h[0].attn
-    attn.record = []
-    with torch.no_grad():
+    with torch.no_grad(), recording_entropy(model) as records:
         model(idx)
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, _ = (t.view(1, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(x).split(16, dim=2))
-        rope = model.rotary(16, None, False, "cpu")
-        from rope import apply_rope
-        q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
+        cos, sin, _ = model.rotary(16, None, False, "cpu")
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         p = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).masked_fill(~visible(16, 16, None, "cpu"), float("-inf")).softmax(-1)
     expected = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
-    assert attn.record[0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert len(records[0]) == 1 and records[0][0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    model(idx)
+    assert len(records[0]) == 1  # the hooks are gone after the block
 
 
 def test_probes_write_every_output_and_say_whether_the_run_copies(tmp_path_factory, dataset):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eval.base_bound import base_bound_curve, smallest_base
+from model import GPTConfig
 from rope import apply_rope, check_scaling, rope_cos_sin, rope_frequencies
 
 D, BASE, L = 32, 10000.0, 256
@@ -224,14 +225,18 @@ def test_yarn_ramp_at_every_pair():
     ("yarn", "rope_scaling must be a dict or None, got 'yarn'; e.g. {'rope_type': 'yarn', 'factor': 4.0"),
 ])
 def test_bad_scaling_is_a_clear_error(scaling, message):
+    # validated once where a dict comes in (a config, a command's options), not in every forward
     with pytest.raises(ValueError, match=re.escape(message)) as error:
-        rope_frequencies(D, BASE, scaling)
+        check_scaling(scaling)
     assert "\n" not in str(error.value)
+    if "original_max" not in message:  # a config fills the original length in with its block_size
+        with pytest.raises(ValueError, match=re.escape(message)):
+            GPTConfig(block_size=L, n_embd=2 * D, n_head=2, rope_scaling=scaling)
 
 
 def test_odd_head_dim_is_a_clear_error():
-    with pytest.raises(ValueError, match="even head dimension, got head_dim=33"):
-        rope_frequencies(33, BASE)
+    with pytest.raises(ValueError, match=re.escape("RoPE needs an even head dimension, got n_embd/n_head = 33")):
+        GPTConfig(n_embd=66, n_head=2)
 
 
 def test_p_rope_angles_by_hand():

@@ -10,7 +10,7 @@ import torch
 
 import sample
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.extrapolate import METHODS, positions
+from eval.methods import METHODS, forward_args
 from model import GPT, GPTConfig, KVCache, sample_next
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def tiny(vocab_size=97, **kw):
 
 def method_kwargs(method):
     # dynamic-ntk's factor is the extra multiplier a (1: plain); the others at 4x, as in the evaluation
-    return positions(method, 1.0 if method == "dynamic-ntk" else 4.0, L)
+    return forward_args(method, 4 * L, L, L)
 
 
 def cached(model, idx, prefill, **kw):
@@ -96,11 +96,12 @@ def test_top_k_1_is_the_argmax_and_top_k_keeps_the_k_most_likely():
     assert (drawn == top5).any(dim=1).all()
 
 
-def write_run(folder, **kw):
-    """A run folder with an untrained tiny checkpoint of a vocabulary gpt2_tokenizer can make."""
+def write_run(folder, origin=None, **kw):
+    """A run folder with an untrained tiny checkpoint of a vocabulary gpt2_tokenizer can make (origin: as a
+    fine-tune records where it came from)."""
     model = tiny(vocab_size=512, **kw)
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "model_args": asdict(model.config), "iter_num": 0,
+    torch.save({"model": model.state_dict(), "model_args": asdict(model.config), "iter_num": 0, "origin": origin,
                 "config": {"dataset": str(folder / "no_data_needed")}}, folder / "ckpt.pt")
     return folder
 
@@ -119,6 +120,16 @@ def test_same_seed_same_samples_other_seed_other_samples(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.count("---------------\n") == 6
     assert "'rope_type': 'yarn'" in err and "pos_emb=rope, trained at L=16" in err
+
+
+def test_a_fine_tuned_run_samples_with_the_methods_the_evaluation_scores(tmp_path, capsys):
+    # fine-tuned at 4 L from a run trained at L: the methods scale from L (the origin), as in the evaluation,
+    # not from the fine-tune's block_size (which gave yarn another dict in sampling than in evaluation)
+    run_dir = write_run(tmp_path / "tuned", origin={"run": "base", "iter": 0, "train_len": L}, block_size=4 * L)
+    run_sample(run_dir, "--max_new_tokens", str(8 * L - 1), "--method", "yarn")  # EOT + 127 new = 8 L
+    expected = forward_args("yarn", 8 * L, L, 4 * L)
+    assert expected["rope_scaling"] == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L}
+    assert f"method yarn: {expected}" in capsys.readouterr().err
 
 
 def test_auto_factor_covers_the_whole_sample(tmp_path, capsys):
@@ -141,8 +152,8 @@ def test_learned_positions_stop_at_the_table_unless_cropped(tmp_path):
     run_dir = write_run(tmp_path / "learned", pos_emb="learned")
     with pytest.raises(SystemExit) as e:
         run_sample(run_dir, "--max_new_tokens", str(L))  # EOT + 16 new = 17 > 16
-    assert str(e.value) == ("sample.py: error: a learned position table has 16 entries: prompt + new tokens = 17 do not "
-                            "fit (a learned model cannot extrapolate); ask for fewer or use --method crop")
+    assert str(e.value) == ("sample.py: error: --method none: a learned position table has 16 entries and cannot encode "
+                            "position 16 (no extrapolation): use crop (truncation) or fewer tokens")
     assert len(run_sample(run_dir, "--max_new_tokens", str(L - 1))[0]) > 0
     # crop of an absolute encoding is truncation (each token from its last L at positions 0..L-1): any length
     assert len(run_sample(run_dir, "--max_new_tokens", str(3 * L), "--method", "crop", "--top_k", "1")) == 1
@@ -154,7 +165,7 @@ def test_alibi_and_p_rope_runs_sample_far_past_the_training_length(tmp_path):
         assert len(run_sample(run_dir, "--max_new_tokens", str(4 * L), "--method", method)) == 1
     with pytest.raises(SystemExit) as e:
         run_sample(alibi, "--method", "yarn")
-    assert str(e.value) == "sample.py: error: --method yarn rescales RoPE; a pos_emb='alibi' model takes none, crop, logn"
+    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, logn"
 
 
 @pytest.mark.parametrize("argv, message", [

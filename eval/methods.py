@@ -1,0 +1,73 @@
+"""
+The position methods every command shares (extrapolate, probes, sample, study): for each name, the
+arguments it passes to GPT.forward, the encodings it applies to, and what `crop` is for each encoding.
+Definitions and sources: docs/methodology.md. Nothing else in the repository decides any of this.
+"""
+METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
+ANY_ENCODING = ("none", "crop", "logn")  # act on attention, so they apply to every encoding (ALiBi's biases too);
+# the others rescale RoPE's frequencies (p-RoPE's rotating pairs are scaled as in full RoPE)
+ABSOLUTE = ("learned", "sinusoidal")  # added to the input: crop is truncation for them, a window for the others
+
+
+def applies(method, pos_emb):
+    return pos_emb == "rope" or method in ANY_ENCODING
+
+
+def applicable(methods, pos_emb):
+    """The methods that apply to an encoding, in the order given."""
+    return [m for m in methods if applies(m, pos_emb)]
+
+
+def truncates(method, pos_emb):
+    """Is the method crop of an absolute encoding? Then it is truncation: each target predicted from its
+    own last L tokens at the trained positions 0..L-1, which the caller does by cutting the input."""
+    return method == "crop" and pos_emb in ABSOLUTE
+
+
+def original_len(ckpt):
+    """The length a run's first training was at: its block_size, or for a fine-tune the one it started from.
+    Every method scales from it."""
+    return (ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"]
+
+
+def method_factor(method, length, train_len, factor=None):
+    """The factor in the method's arguments at `length` tokens: None where there is none; dynamic-ntk's is
+    transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
+    default to the ratio that maps the length back onto the training length (never below 1)."""
+    if method in ANY_ENCODING:
+        return None
+    if method == "dynamic-ntk":
+        return factor or 1.0
+    return factor or max(1.0, length / train_len)
+
+
+def forward_args(method, length, train_len, run_len, factor=None):
+    """GPT.forward's keyword arguments for a method over `length` tokens: a Hugging Face style rope_scaling
+    dict, an attention window or log-n scaling. train_len: the original training length the methods scale
+    from (original_len); run_len: the run's own block_size (a fine-tune's), the longest context its weights
+    were trained on, which crop keeps. factor: pinned instead of method_factor's default."""
+    s, L = method_factor(method, length, train_len, factor), train_len
+    yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
+    return {
+        "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
+        "crop": {"window": run_len},
+        "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
+        "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
+        "dynamic-ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": s, "original_max_position_embeddings": L}},
+        "yarn": {"rope_scaling": yarn},
+        "ntk-by-parts": {"rope_scaling": {**yarn, "attention_factor": 1.0}},  # YaRN without its temperature
+        "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+        "logn": {"logn_len": L},
+        "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
+    }[method]
+
+
+def unavailable(config, method, length):
+    """Why a method cannot score `length` tokens on a model, or None: an explicit check, never a caught error."""
+    if not applies(method, config.pos_emb):
+        return f"rescales RoPE: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
+    if config.pos_emb == "learned" and length > config.block_size and not truncates(method, config.pos_emb):
+        return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "
+                f"(no extrapolation): use crop (truncation) or fewer tokens")
+    return None
