@@ -1,14 +1,10 @@
 """
 Training-step throughput of a config on random tokens: tokens/s, TFLOP/s, MFU (where the peak is known)
-and peak memory. No data, no checkpoint, no wandb.
+and peak memory (no data, checkpoint or wandb); or, with --nanogpt, a karpathy/nanoGPT checkout's model
+beside ours (learned and rope) at one small shape on the CPU, median ms per step over --steps blocks.
 
     python bench.py configs/rope_small.py [--key=value ...] [--vocab_size=2048] [--steps=20]
-
-Beside nanoGPT (a checkout of karpathy/nanoGPT): its model and ours with learned and with rope positions,
-one process, one batch, blocks of 10 steps taken in turn, median ms per step (so a noisy machine slows
-all three alike). The shape: 4 layers, 6 heads, 192 wide, T 128, batch 16, vocabulary 2048, float32.
-
-    python bench.py --nanogpt=PATH/TO/nanoGPT [--steps=15]  (steps: blocks per model)
+    python bench.py --nanogpt=PATH/TO/nanoGPT [--steps=15]
 """
 import importlib.util
 import resource
@@ -28,7 +24,7 @@ OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
 
 
 def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
-    """One AdamW step on inputs x and targets y (clipped as train.py does)."""
+    """One AdamW step, clipped as train.py does."""
     with ctx:
         _, loss = model(x, y)
     loss.backward()
@@ -88,7 +84,7 @@ def versus_nanogpt(root, blocks):
         runs[name] = (model, model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu"), [])
         for _ in range(5):  # warm-up
             train_step(model, runs[name][1], x, y)
-    for _ in range(blocks):
+    for _ in range(blocks):  # blocks of 10 steps taken in turn, so that a noisy machine slows all three alike
         for model, optimizer, times in runs.values():
             t0 = time.perf_counter()
             for _ in range(10):

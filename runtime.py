@@ -1,7 +1,6 @@
 """
-What every command needs around the model: device and dtype, wandb, where data lives, atomic writes,
-checkpoints, and the wrapper that turns an expected failure into one line on stderr.
-Shared by train.py, bench.py and eval/; it holds no training loop and no model code.
+What every command needs around the model: CLI helpers, device and dtype, wandb, where data lives,
+atomic writes and checkpoints. Shared by train.py, bench.py, sample.py and eval/; no training loop, no model code.
 """
 import argparse
 import netrc
@@ -19,35 +18,30 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
 
 
-# ----------------------------------------------------------------------------- command line
-
 def run_cli(prog, fn, *args):
-    """Call fn(*args); an expected failure (a bad value, a missing, unreadable or corrupt file, a failed
-    download) becomes `prog: error: <one line>` on stderr and exit status 1, never a traceback."""
+    """fn(*args), with an expected failure (ValueError, OSError) as `prog: error: <one line>`, exit 1."""
     try:
         return fn(*args)
     except (ValueError, OSError) as e:
         sys.exit(f"{prog}: error: {' '.join(str(e).split())}")
 
 
-def arg_parser(doc):
-    """An ArgumentParser whose errors raise ValueError (argparse prints usage and the message on two lines)."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0].strip())
-
-    def fail(message):
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # a ValueError, for run_cli's one line (argparse's own error takes two, with the usage)
         raise ValueError(message)
-    p.error = fail
-    return p
+
+
+def arg_parser(doc):
+    """An ArgumentParser described by doc's first paragraph, whose errors raise ValueError."""
+    return _Parser(description=doc.split("\n\n")[0].strip())
 
 
 def parse_list(text, name, convert, allowed=None):
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise ValueError(f"--{name} is empty")
-    if allowed:
-        bad = [t for t in items if t not in allowed]
-        if bad:
-            raise ValueError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
+    if allowed and (bad := [t for t in items if t not in allowed]):
+        raise ValueError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
     try:
         return list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
     except ValueError:
@@ -64,14 +58,13 @@ def number(text, name, convert, minimum):
     return value
 
 
-# ----------------------------------------------------------------------------- device
-
 def pick_device(name):
+    """The device a command runs on: auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps."""
+    if name.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
+        raise ValueError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
     if name != "auto":
         return name
-    if torch.cuda.is_available():
-        return "cuda"
-    return "mps" if torch.backends.mps.is_available() else "cpu"
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
 
 
 def autocast(dtype, device_type):
@@ -86,22 +79,24 @@ def peak_flops(device_type):
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
-# ----------------------------------------------------------------------------- files and logging
-
 def data_dir(dataset):
     return Path(dataset) if Path(dataset).is_absolute() else ROOT / "data" / dataset
 
 
+def synced(f):
+    """Flush f to the disk, so that renaming it into place is safe against a crash."""
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def write_atomic(path, write):
-    """write(f) into a temp file beside path, then rename it over path: a crash leaves the old file or
-    the new one, never half of one."""
+    """write(f) into a temp file beside path, renamed over it: a crash leaves the old file or the new one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
     try:
         with open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
+            synced(f)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -122,31 +117,23 @@ def init_wandb(config, job_type, group):
                       job_type=job_type, config=config, mode=mode)
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-def save_checkpoint(ckpt, path):
-    write_atomic(path, lambda f: torch.save(ckpt, f))
-
-
 def load_checkpoint(path, device="cpu"):
     """Read a ckpt.pt written by train.py (path: the file or its run folder)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "ckpt.pt"
+    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file
         raise ValueError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {e})") from None
-    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
+    if missing := [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]:
         raise ValueError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
     return ckpt
 
 
-def model_from_checkpoint(ckpt):
-    model = GPT(GPTConfig(**ckpt["model_args"]))
+def model_from_checkpoint(ckpt, config=None):
+    """The checkpoint's model (config: a GPTConfig to build instead of its own model_args, for a fine-tune)."""
+    model = GPT(config or GPTConfig(**ckpt["model_args"]))
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:

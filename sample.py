@@ -1,13 +1,11 @@
 """
-Generate text from a trained run with any of the evaluation's position methods, as far past the training
-length as you ask.
+Generate text from a trained run with any evaluation method, as far past the training length as you ask.
 
     python sample.py out/rope_small [--prompt TEXT | --prompt_file PATH] [--method none] [--factor auto|S]
         [--max_new_tokens 500] [--num_samples 1] [--temperature 0.8] [--top_k 200] [--seed 1337] [--device auto]
 
-The methods are eval/extrapolate.py's, with the same forward arguments. Tokens go through the KV cache, which
-keeps keys before rotation and re-rotates them at every step with the frequencies for the current length:
-dynamic-ntk is then exact, token t predicted with the scale for length t + 1 (the evaluation's causal mode).
+The methods get eval/methods.py's forward arguments. The KV cache keeps keys unrotated and re-rotates them at
+every step for the current length: dynamic-ntk is then exact, token t scaled for length t + 1 (causal mode).
 """
 import sys
 
@@ -16,7 +14,7 @@ import torch
 from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import METHODS, forward_args, original_len, truncates, unavailable
 from model import sample_next
-from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, pick_device, run_cli
+from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
 
 
 def parse_args(argv):
@@ -26,8 +24,8 @@ def parse_args(argv):
     prompt.add_argument("--prompt", default=None, help=f"text to continue (default: {EOT}, a new document)")
     prompt.add_argument("--prompt_file", default=None, help="read the prompt from this file")
     p.add_argument("--method", default="none", help=f"one of {', '.join(METHODS)} (default none)")
-    p.add_argument("--factor", default="auto", help="auto: (prompt + new tokens) / training length, at least 1; or a "
-                   "number >= 1. For dynamic-ntk it is transformers' extra multiplier a (auto: 1, plain dynamic NTK)")
+    p.add_argument("--factor", default="auto", help="auto ((prompt + new tokens) / training length) or >= 1; "
+                   "dynamic-ntk: transformers' extra multiplier a (auto: 1, plain dynamic NTK)")
     p.add_argument("--max_new_tokens", type=int, default=500)
     p.add_argument("--num_samples", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; --top_k 1 samples greedily")
@@ -37,20 +35,16 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.method not in METHODS:
         raise ValueError(f"unknown --method {a.method!r}; allowed: {', '.join(METHODS)}")
-    for name, value, low in (("max_new_tokens", a.max_new_tokens, 1), ("num_samples", a.num_samples, 1),
-                             ("top_k", a.top_k, 0), ("seed", a.seed, 0)):
-        if value < low:
-            raise ValueError(f"--{name} must be >= {low}, got {value}")
+    for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("seed", 0)):
+        number(getattr(a, name), name, int, low)
     if not a.temperature > 0:  # also catches nan
         raise ValueError(f"--temperature must be > 0, got {a.temperature}; for greedy sampling use --top_k 1")
-    factor = None
-    if a.factor != "auto":
-        try:
-            factor = float(a.factor)
-        except ValueError:
-            raise ValueError(f"--factor {a.factor!r} is not auto or a number") from None
-        if not factor >= 1:
-            raise ValueError(f"--factor must be auto or a number >= 1, got {a.factor}")
+    try:
+        factor = None if a.factor == "auto" else float(a.factor)
+    except ValueError:
+        raise ValueError(f"--factor {a.factor!r} is not auto or a number") from None
+    if factor is not None and not factor >= 1:
+        raise ValueError(f"--factor must be auto or a number >= 1, got {a.factor}")
     if a.prompt == "":
         raise ValueError(f"--prompt is empty; leave it out to start a new document ({EOT})")
     device = pick_device(a.device)
@@ -61,9 +55,8 @@ def parse_args(argv):
 
 @torch.no_grad()
 def generate_truncated(model, idx, max_new_tokens, temperature, top_k):
-    """crop for an absolute encoding: each token from its last block_size tokens at positions 0 .. L-1
-    (nanoGPT's sampling). No cache: the kept tokens change position at every step; a window mask over the
-    cache would instead feed positions past L to the position table."""
+    """crop of an absolute encoding: each token from its last L tokens at positions 0 .. L-1 (nanoGPT's sampling).
+    No cache: the kept tokens move at every step; a window over the cache would feed positions past L to the table."""
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -model.config.block_size:])
         idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
@@ -84,11 +77,9 @@ def sample(args):
             raise ValueError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
-    text = text or ""
     total = len(prompt) + args["max_new_tokens"]
     method, train_len = args["method"], original_len(ckpt)
-    reason = unavailable(cfg, method, total)
-    if reason:  # before any sampling
+    if reason := unavailable(cfg, method, total):  # before any sampling
         raise ValueError(f"--method {method}: {reason}")
     kwargs = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
@@ -102,9 +93,8 @@ def sample(args):
             out = generate_truncated(model, idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None)
         else:
             out = model.generate(idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None, **kwargs)
-    samples = [text + enc.decode(row[len(prompt):].tolist()) for row in out]
-    for s in samples:
-        print(s, end="\n---------------\n")
+    samples = [(text or "") + enc.decode(row[len(prompt):].tolist()) for row in out]
+    print(*samples, sep="\n---------------\n", end="\n---------------\n")
     return samples
 
 

@@ -26,55 +26,39 @@ from data.synthetic import copy_rows, mix_copies, random_vocab
 from model import GPT, GPTConfig
 from eval.base_bound import first_negative
 from runtime import (autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device,
-                     run_cli, save_checkpoint)
+                     run_cli, write_atomic)
 
-# the model's keys are GPTConfig's fields (model.py validates them); vocab_size comes from the data
-MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # vocab_size comes from the data
 
 DEFAULTS = dict(
     # I/O
     out_dir="out/default",
     init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
-    eval_interval=250,  # iterations between validation loss and checkpoint
-    eval_iters=20,  # batches per validation estimate
+    eval_interval=250, eval_iters=20,  # iterations between evaluations (and checkpoints); batches per evaluation
     log_interval=25,
     # wandb: online if logged in, else offline into ./wandb (upload later with `wandb sync`)
-    wandb_log=True,
-    wandb_project="ropelab",
-    wandb_run_name="",  # default: the name of out_dir
-    wandb_group="",  # default: the run name (a study puts all its runs in one group)
+    wandb_log=True, wandb_project="ropelab",
+    wandb_run_name="", wandb_group="",  # defaults: out_dir's name; the run name (a study puts its runs in one group)
     # data: data/<dataset>/ written by data/<dataset>/prepare.py (or an absolute path to such a folder)
     dataset="shakespeare",
-    batch_size=16,
-    gradient_accumulation_steps=1,  # per process
-    # synthetic retrieval (data/synthetic.py): this fraction of each batch is replaced by rows of random
-    # chunks (2 .. retrieval_segment tokens), half of them copies of an earlier stretch of the row; with
-    # it, every evaluation also measures copying (top-1 on a repeated retrieval_segment-token segment at
-    # distances inside block_size, in held-out text)
-    retrieval_mix=0.0,
-    retrieval_segment=32,
+    batch_size=16, gradient_accumulation_steps=1,  # both per process
+    # synthetic retrieval (data/synthetic.py): this fraction of each batch is replaced by rows of random chunks
+    # (2 .. retrieval_segment tokens), half of them copies of an earlier stretch of the row; every evaluation then
+    # also measures copying (top-1 on a repeated retrieval_segment-token segment inside block_size, held-out text)
+    retrieval_mix=0.0, retrieval_segment=32,
     retrieval_vocab=0,  # the random tokens are ids 0 .. retrieval_vocab-1 (0: the whole vocabulary but EOT)
-    # model: block_size (the training length), n_layer, n_head, n_embd, dropout, pos_emb, rope_base,
-    # rope_layout, rope_scaling, with GPTConfig's defaults (model.py)
+    # model: GPTConfig's fields (model.py) with its defaults; block_size is the training length
     **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},
     # AdamW, linear warmup then cosine decay to min_lr
-    learning_rate=2e-3,
-    max_iters=1500,
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    grad_clip=1.0,
-    warmup_iters=100,
-    lr_decay_iters=1500,
-    min_lr=2e-4,
+    learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
+    warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,
     # system
     device="auto",  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bfloat16 on CUDA if supported, else float32) | float32 | bfloat16 | float16
     compile=False,  # torch.compile the model
-    seed=1337,
+    seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
 )
-# what a fine-tune (init_from a run) may change; every other model key must match the run it starts from
-FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")
+FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
 CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"))
 POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
 
@@ -94,8 +78,6 @@ def set_key(config, key, value, source):
         raise ValueError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
     if key == "retrieval_mix" and value > 1:
         raise ValueError(f"retrieval_mix={value!r} (from {source}) is a fraction of each batch: use 0..1")
-    if key == "device" and value.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
-        raise ValueError(f"device={value!r} (from {source}) is not one of: auto, cpu, cuda, cuda:N, mps")
     config[key] = float(value) if type(default) is float else value
 
 
@@ -123,8 +105,7 @@ def load_config(argv):
             for key, value in namespace.items():
                 if not key.startswith("_"):
                     set_key(config, key, value, arg)
-    if not config["wandb_run_name"]:
-        config["wandb_run_name"] = Path(config["out_dir"]).name
+    config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
         raise ValueError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
@@ -149,11 +130,9 @@ def lr_at(it, c):
 
 def base_bound_note(cfg, eval_multiple=16):
     """A line when the RoPE base is below Men et al.'s bound (B_m < 0 somewhere) for the training length or
-    for the lengths the extrapolation evaluates (up to eval_multiple x by default), else None."""
-    if cfg.pos_emb != "rope":
-        return None
+    the lengths the extrapolation evaluates (up to eval_multiple x), else None."""
     L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
-    m = first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction)
+    m = first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction) if cfg.pos_emb == "rope" else None
     if m is None:
         return None
     reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
@@ -163,59 +142,32 @@ def base_bound_note(cfg, eval_multiple=16):
             + f" (python eval/base_bound.py --head_dim {head_dim})")
 
 
-def finetune_source(config, meta, device):
-    """(checkpoint a fine-tune starts from, its origin record) for init_from = a run folder or ckpt.pt."""
-    path = config["init_from"]
-    src = load_checkpoint(path, device)
-    args = src["model_args"]
+def start_checkpoint(config, meta, device):
+    """init_from's checkpoint: out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS may differ)."""
+    tune = config["init_from"] != "resume"
+    path = config["init_from"] if tune else Path(config["out_dir"])
+    ckpt = load_checkpoint(path, device)
+    args = ckpt["model_args"]
     differ = [f"{k}={args.get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS
-              if k not in FINETUNE_KEYS and args.get(k) != config[k]]
+              if not (tune and k in FINETUNE_KEYS) and args.get(k) != config[k]]
     if args["vocab_size"] != meta["vocab_size"]:
         differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
-    if config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
+    if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
         differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
     if differ:
         raise ValueError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
-                         f"may change only {', '.join(FINETUNE_KEYS)}")
-    # the original training length stays the one the first run was trained at, through chains of fine-tunes
-    origin = dict(init_from=str(path), iter_num=src["iter_num"],
-                  train_len=(src.get("origin") or {}).get("train_len") or args["block_size"])
-    return src, origin
-
-
-def prepare_if_missing(dataset):
-    if dataset in SHAKESPEARE and not (data_dir(dataset) / "meta.json").exists():
-        print(f"no prepared data yet: preparing data/{dataset} (once)")
-        from data.shakespeare.prepare import prepare_named
-        prepare_named(dataset)
-
-
-def resume(config, out_dir, meta, device):
-    ckpt = load_checkpoint(out_dir, device)
-    differ = [f"{k}={ckpt['model_args'].get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS
-              if ckpt["model_args"].get(k) != config[k]]
-    if ckpt["model_args"]["vocab_size"] != meta["vocab_size"]:
-        differ.append(f"vocab_size={ckpt['model_args']['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
-    if differ:
-        raise ValueError(f"checkpoint {out_dir}/ckpt.pt does not match this run: {'; '.join(differ)}")
+                         f"may change only {', '.join(FINETUNE_KEYS)}" if tune else
+                         f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
     return ckpt
 
 
-def inputs_targets(rows):
+def inputs_targets(rows, device):
     rows = torch.from_numpy(rows)
-    return rows[:, :-1], rows[:, 1:]
-
-
-def train_batch(tokens, config, rng, vocab_size):
-    rows = get_rows(tokens, config["batch_size"], config["block_size"], rng)
-    if config["retrieval_mix"]:
-        mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"],
-                   random_vocab(config["retrieval_vocab"], vocab_size))
-    return inputs_targets(rows)
+    return rows[:, :-1].to(device), rows[:, 1:].to(device)
 
 
 @torch.no_grad()
-def estimate_loss(model, splits, config, ctx, device, vocab_size):
+def estimate_loss(model, splits, config, ctx, device, copy_vocab):
     """Mean loss on fixed batches of each split (plain text), and with retrieval_mix the top-1 accuracy of
     copying a random segment at distances spread over [segment, block_size] in held-out text."""
     model.eval()
@@ -223,18 +175,14 @@ def estimate_loss(model, splits, config, ctx, device, vocab_size):
     B, T = config["batch_size"], config["block_size"]
     losses = {}
     for split, tokens in splits.items():
-        total = 0.0
-        for _ in range(config["eval_iters"]):
-            x, y = (t.to(device) for t in inputs_targets(get_rows(tokens, B, T, rng)))
-            with ctx:
-                total += model(x, y)[1].item()
-        losses[split] = total / config["eval_iters"]
+        batches = (inputs_targets(get_rows(tokens, B, T, rng), device) for _ in range(config["eval_iters"]))
+        with ctx:
+            losses[split] = sum(model(x, y)[1].item() for x, y in batches) / config["eval_iters"]
     if config["retrieval_mix"]:
         k = config["retrieval_segment"]
         distances = np.linspace(k, T + 1 - k, 4 * B).round()  # spread over every distance inside the window
-        rows = copy_rows(get_rows(splits["val"], 4 * B, T, rng), rng, k, distances,
-                         random_vocab(config["retrieval_vocab"], vocab_size))
-        x, y = (t.to(device) for t in inputs_targets(rows))
+        rows = copy_rows(get_rows(splits["val"], 4 * B, T, rng), rng, k, distances, copy_vocab)
+        x, y = inputs_targets(rows, device)
         with ctx:
             logits, _ = model(x)
         losses["copy_top1"] = (logits[:, -(k - 1):].argmax(-1) == y[:, -(k - 1):]).float().mean().item()
@@ -258,21 +206,20 @@ def train(config):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
-    if master:  # once, before the other processes look
-        prepare_if_missing(config["dataset"])
+    folder = data_dir(config["dataset"])
+    if master and config["dataset"] in SHAKESPEARE and not (folder / "meta.json").exists():  # before the others look
+        print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
+        from data.shakespeare.prepare import prepare_named
+        prepare_named(config["dataset"])
     if ddp:
         torch.distributed.barrier()
-    meta = load_meta(data_dir(config["dataset"]))
-    splits = {s: load_split(data_dir(config["dataset"]), s)[0] for s in ("train", "val")}
+    meta = load_meta(folder)
+    splits = {s: load_split(folder, s)[0] for s in ("train", "val")}
     out_dir = Path(config["out_dir"])
     rng = np.random.default_rng(config["seed"] + rank)
-    iter_num, best_val_loss, ckpt, source, origin = 0, float("inf"), None, None, None
-    if config["init_from"] not in ("scratch", "resume"):
-        source, origin = finetune_source(config, meta, device)
-        print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
-              f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}")
+    iter_num, best_val_loss, origin = 0, float("inf"), None
+    ckpt = None if config["init_from"] == "scratch" else start_checkpoint(config, meta, device)
     if config["init_from"] == "resume":
-        ckpt = resume(config, out_dir, meta, device)
         iter_num, best_val_loss, origin = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("origin")
         if master:
             rng.bit_generator.state = ckpt["rng"]["numpy"]
@@ -280,16 +227,18 @@ def train(config):
         else:  # other processes: a fresh stream, not a replay of what they drew before
             rng = np.random.default_rng([config["seed"], rank, iter_num])
         print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
+    elif ckpt is not None:
+        # the original training length stays the one the first run was trained at, through chains of fine-tunes
+        origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
+                      train_len=(ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"])
+        print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
+              f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}")
 
     gptconf = model_config(config, meta["vocab_size"])
-    model = GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt)
-    if source is not None:
-        model.load_state_dict(source["model"])
-        source = None  # free memory
-    model.to(device)
+    model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
     optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
                                            (config["beta1"], config["beta2"]), device_type)
-    if ckpt is not None:
+    if config["init_from"] == "resume":  # a fine-tune starts a fresh optimizer
         optimizer.load_state_dict(ckpt["optimizer"])
     ckpt = None  # free memory
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
@@ -300,26 +249,17 @@ def train(config):
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
 
     gas = config["gradient_accumulation_steps"]
+    copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])  # the ids retrieval rows draw from
     tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
     peak = peak_flops(device_type)
-    run = None
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
               f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
-        note = base_bound_note(gptconf)
-        if note:
+        if note := base_bound_note(gptconf):
             print(note)
-        if config["wandb_log"]:
-            run = init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
-
-    def checkpoint():
-        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "origin": origin,
-                         "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
-                         "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}},
-                        out_dir / "ckpt.pt")
+    run = (init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
+           if master and config["wandb_log"] else None)
 
     t0 = time.time()
     while True:
@@ -328,7 +268,7 @@ def train(config):
             group["lr"] = lr
         if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
             if master:
-                losses = estimate_loss(raw_model, splits, config, ctx, device, meta["vocab_size"])
+                losses = estimate_loss(raw_model, splits, config, ctx, device, copy_vocab)
                 best_val_loss = min(best_val_loss, losses["val"])
                 copy = f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else ""
                 print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
@@ -337,14 +277,21 @@ def train(config):
                 if run:
                     run.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in splits else f"val/{k}": v for k, v in losses.items()}})
                 if iter_num > 0:
-                    checkpoint()
+                    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
+                             "origin": origin, "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
+                             "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}}
+                    write_atomic(out_dir / "ckpt.pt", lambda f: torch.save(state, f))
             t0 = time.time()  # evaluation time is not training throughput
         if iter_num >= config["max_iters"]:
             break
         for micro in range(gas):
             if ddp:  # all-reduce gradients on the last micro step only
                 model.require_backward_grad_sync = micro == gas - 1
-            x, y = (t.to(device) for t in train_batch(splits["train"], config, rng, meta["vocab_size"]))
+            rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
+            if config["retrieval_mix"]:
+                mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], copy_vocab)
+            x, y = inputs_targets(rows, device)
             with ctx:
                 _, loss = model(x, y)
                 loss = loss / gas

@@ -8,11 +8,9 @@ A prepared dataset directory holds:
   meta.json                     tokenizer, splits (tokens, documents, and their names for a corpus of
                                 named files), source, sizes + sha256 of every file above
 
-meta.json is written last, so "meta.json present and every checksum matches" means
-the output is complete; anything else is redone by the prepare scripts.
+meta.json is written last: with it present and every checksum matching, the output is complete.
 """
 import hashlib
-import io
 import json
 import os
 import time
@@ -22,141 +20,86 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from data.tokenizer import gpt2_tokenizer
-from runtime import write_atomic
+from runtime import synced, write_atomic
 
 SPLITS = ("train", "val")
 # GPT-2 BPE cut to its first 2047 merges + EOT: the output layer is the costliest part of a small
 # model on a CPU, and 2048 was ~2x faster than 8192 for the small configs (README)
 VOCAB_SIZE = 2048
-# the datasets data/shakespeare/prepare.py writes (into data/<name>/), by vocabulary size
-SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}
+SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's, by vocabulary
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
 
 
-# -----------------------------------------------------------------------------
-# writing
-
 def split_documents(names, val_fraction=0.1, seed=0):
-    """Split whole documents into (train, val) name lists: a document never straddles splits,
-    so val measures generalisation to unseen texts. Deterministic given the names and seed."""
-    names = sorted(names)  # sort first so the split doesn't depend on dict / filesystem order
+    """(train, val) lists of whole documents, at least one each, whatever the names' order: val is unseen texts."""
+    names = sorted(names)
     if len(names) < 2:
         raise ValueError(f"need at least 2 documents to make a train and a val split, got {len(names)}")
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
     order = np.random.default_rng(seed).permutation(len(names))
-    n_val = min(max(round(len(names) * val_fraction), 1), len(names) - 1)  # >= 1 doc in each split
-    val = sorted(names[i] for i in order[:n_val])
-    train = sorted(names[i] for i in order[n_val:])
-    return train, val
+    n_val = min(max(round(len(names) * val_fraction), 1), len(names) - 1)
+    return sorted(names[i] for i in order[n_val:]), sorted(names[i] for i in order[:n_val])
 
 
-def val_by_hash(key: str, val_fraction: float, seed: int = 0) -> bool:
-    """Whether the document with this key is held out: a hash of (seed, key) against val_fraction.
-
-    For streamed corpora, whose document count is unknown until the end: each document is placed as it
-    is read, about val_fraction of them land in val, and which ones does not depend on the order, the
-    number of documents or the number of workers (adding a file moves no other document)."""
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
+def val_by_hash(key, val_fraction, seed=0):
+    """Whether a streamed document is held out: a hash of (seed, key) under val_fraction, whatever the order or workers."""
     digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") < val_fraction * 2**64
 
 
-def _npy_bytes(arr):
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
-
-
-def _write_synced(path, data: bytes):
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _chunks(docs, chunk_chars):
-    """Consecutive lists of (split, name, text) documents of about chunk_chars characters each."""
-    chunk, size = [], 0
-    for doc in docs:
-        chunk.append(doc)
-        size += len(doc[2])
-        if size >= chunk_chars:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def _tokenize_chunk(enc, chunk):
-    # encode_ordinary: a literal "<|endoftext|>" in the text is just text; ids < 50257 fit in uint16
-    return [(split, name, np.asarray(enc.encode_ordinary(text), dtype=np.uint16)) for split, name, text in chunk]
-
-
 def _tokenized(enc, docs, workers):
-    """[(split, name, tokens)] chunk after chunk, in input order, tokenized by `workers` threads (tiktoken
-    releases the GIL while it encodes, so threads run in parallel without pickling any text). At most
-    2 * workers chunks are in flight: memory stays bounded whatever the size of the corpus."""
+    """[(split, name, tokens)] chunk after chunk, in input order, by `workers` threads (tiktoken releases the GIL
+    while it encodes: no pickling); at most 2 * workers chunks in flight, so memory stays bounded."""
+    def tokenize(chunk):  # encode_ordinary: a literal "<|endoftext|>" in the text is just text
+        return [(split, name, np.asarray(enc.encode_ordinary(text), dtype=np.uint16)) for split, name, text in chunk]
+
     with ThreadPoolExecutor(workers) as pool:
-        pending = deque()
-        for chunk in _chunks(docs, CHUNK_CHARS):
-            pending.append(pool.submit(_tokenize_chunk, enc, chunk))
+        pending, chunk, size = deque(), [], 0
+        for doc in docs:
+            chunk.append(doc)
+            size += len(doc[2])
+            if size >= CHUNK_CHARS:
+                pending.append(pool.submit(tokenize, chunk))
+                chunk, size = [], 0
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
+        if chunk:
+            pending.append(pool.submit(tokenize, chunk))
         while pending:
             yield pending.popleft().result()
 
 
-def _append_tokens(enc, docs, bin_paths, workers, keep_names):
-    """Write each (split, name, text) document's tokens and one EOT to its split's file, as they come.
-    Returns per split: tokens written, their sha256, the flat [start, end, ...] bounds and the names."""
+def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, seed=0, workers=1, keep_names=False):
+    """Tokenize a stream of (split, name, text) documents into out_dir; returns meta. Only the document bounds stay
+    in memory: tokens go to temp files, renamed into place after the old meta.json is removed and before the new
+    one is written, so a failure half-way leaves the previous dataset or nothing. keep_names: for named files."""
+    enc = gpt2_tokenizer(vocab_size)  # ids < 50257 fit in uint16
     eot = np.array([enc.eot_token], dtype=np.uint16).tobytes()
-    stats = {s: {"tokens": 0, "sha256": hashlib.sha256(), "bounds": array("q"), "names": []} for s in SPLITS}
-    with open(bin_paths["train"], "wb") as train, open(bin_paths["val"], "wb") as val, \
-            tqdm(desc="tokenizing", unit="tok", unit_scale=True, disable=None) as bar:  # no bar if not a TTY
-        files = {"train": train, "val": val}
-        for chunk in _tokenized(enc, docs, workers):
-            for split, name, ids in chunk:
-                data, st = ids.tobytes() + eot, stats[split]
-                files[split].write(data)
-                st["sha256"].update(data)
-                st["bounds"].extend((st["tokens"], st["tokens"] + len(ids)))  # 16 bytes a document
-                st["tokens"] += len(ids) + 1
-                if keep_names:
-                    st["names"].append(name)
-                bar.update(len(ids) + 1)
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
-    return stats
-
-
-def write_documents(docs, out_dir, vocab_size: int, source: dict | None = None, val_fraction: float = 0.1,
-                    seed: int = 0, workers: int = 1, keep_names: bool = False) -> dict:
-    """Tokenize a stream of (split, name, text) documents into out_dir (see module docstring); returns meta.
-
-    Only the document bounds are held in memory: tokens go to temp files as they come. When the whole
-    stream is written, the old meta.json is removed, the temp files are renamed into place and the new
-    meta.json is written, so an error or a crash half-way leaves the previous dataset, or nothing, never
-    a folder that is_prepared() accepts. keep_names records the documents' names in meta.json (for a
-    corpus of named files, not a stream of millions of records)."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} is not allowed; use an integer >= 1")
-    enc = gpt2_tokenizer(vocab_size)  # validates vocab_size; ids < 50257 fit in uint16
     out_dir = Path(out_dir)
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [f"{s}.bin" for s in SPLITS] + [f"{s}_docs.npy" for s in SPLITS]
+    names = [f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy")]
     tmp = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in names}  # same folder: renames are atomic
+    stats = {s: {"tokens": 0, "sha256": hashlib.sha256(), "bounds": array("q"), "names": []} for s in SPLITS}
     try:
         start = time.time()
-        stats = _append_tokens(enc, docs, {s: tmp[f"{s}.bin"] for s in SPLITS}, workers, keep_names)
+        with open(tmp["train.bin"], "wb") as train, open(tmp["val.bin"], "wb") as val, \
+                tqdm(desc="tokenizing", unit="tok", unit_scale=True, disable=None) as bar:  # no bar if not a TTY
+            files = {"train": train, "val": val}
+            for chunk in _tokenized(enc, docs, workers):
+                for split, name, ids in chunk:
+                    data, st = ids.tobytes() + eot, stats[split]
+                    files[split].write(data)
+                    st["sha256"].update(data)
+                    st["bounds"].extend((st["tokens"], st["tokens"] + len(ids)))  # 16 bytes a document
+                    st["tokens"] += len(ids) + 1
+                    if keep_names:
+                        st["names"].append(name)
+                    bar.update(len(ids) + 1)
+            for f in files.values():
+                synced(f)
         seconds = time.time() - start
         n_docs = {s: len(stats[s]["bounds"]) // 2 for s in SPLITS}
         if 0 in n_docs.values():
@@ -165,8 +108,11 @@ def write_documents(docs, out_dir, vocab_size: int, source: dict | None = None, 
         files = {}
         for s in SPLITS:
             files[f"{s}.bin"] = {"bytes": 2 * stats[s]["tokens"], "sha256": stats[s]["sha256"].hexdigest()}
-            bounds = np.frombuffer(stats[s]["bounds"], dtype=np.int64).reshape(-1, 2)
-            files[f"{s}_docs.npy"] = _write_synced(tmp[f"{s}_docs.npy"], _npy_bytes(bounds))
+            path = tmp[f"{s}_docs.npy"]
+            with open(path, "wb") as f:
+                np.save(f, np.frombuffer(stats[s]["bounds"], dtype=np.int64).reshape(-1, 2))
+                synced(f)
+            files[f"{s}_docs.npy"] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         # drop the old meta.json first: while the files are swapped, nothing may vouch for the folder
         (out_dir / "meta.json").unlink(missing_ok=True)
         for name, path in tmp.items():
@@ -179,37 +125,22 @@ def write_documents(docs, out_dir, vocab_size: int, source: dict | None = None, 
         raise
     splits = {}
     for s in SPLITS:
-        splits[s] = {"tokens": stats[s]["tokens"], "documents": n_docs[s]}
-        if keep_names:
-            splits[s]["names"] = stats[s]["names"]
+        splits[s] = {"tokens": stats[s]["tokens"], "documents": n_docs[s], **({"names": stats[s]["names"]} if keep_names else {})}
         print(f"{s}: {n_docs[s]:,} documents, {stats[s]['tokens']:,} tokens -> {out_dir / f'{s}.bin'}")
     total = sum(st["tokens"] for st in stats.values())
     print(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s, workers={workers})")
-    meta = {
-        "tokenizer": "gpt2",
-        "vocab_size": vocab_size,
-        "eot_token": enc.eot_token,
-        "splits": splits,
-        "source": source,
-        "files": files,
-        "val_fraction": val_fraction,
-        "seed": seed,
-    }
+    meta = dict(tokenizer="gpt2", vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
+                files=files, val_fraction=val_fraction, seed=seed)
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
     return meta
 
 
-def write_dataset(docs: dict[str, str], out_dir, vocab_size: int, val_fraction: float = 0.1, seed: int = 0,
-                  source: dict | None = None, workers: int = 1) -> dict:
-    """Tokenize {name: text} documents (a small corpus, in memory) into out_dir, split exactly by
-    split_documents; names are recorded in meta.json. Returns the meta dict."""
+def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=None, workers=1):
+    """write_documents for {name: text} (a small corpus, in memory), split exactly by split_documents."""
     train, val = split_documents(docs, val_fraction, seed)
     stream = [("train", name, docs[name]) for name in train] + [("val", name, docs[name]) for name in val]
     return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True)
 
-
-# -----------------------------------------------------------------------------
-# checking and reading
 
 def file_sha256(path):
     h = hashlib.sha256()
@@ -219,30 +150,23 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def is_prepared(out_dir, vocab_size=None, source=None) -> bool:
+def is_prepared(out_dir, vocab_size=None, source=None):
     """True iff out_dir holds a complete, uncorrupted dataset (matching vocab_size / source if given)."""
     out_dir = Path(out_dir)
     try:
         meta = json.loads((out_dir / "meta.json").read_text())
         files = meta["files"]
-        if vocab_size is not None and meta["vocab_size"] != vocab_size:
-            return False
-        # compare through JSON so e.g. tuples vs lists or int keys don't cause false mismatches
-        if source is not None and meta["source"] != json.loads(json.dumps(source)):
-            return False
-        for split in SPLITS:
-            if f"{split}.bin" not in files or f"{split}_docs.npy" not in files:
-                return False
-        for name, info in files.items():
-            path = out_dir / name
-            if not path.is_file() or path.stat().st_size != info["bytes"] or file_sha256(path) != info["sha256"]:
-                return False
+        # source compared through JSON so e.g. tuples vs lists or int keys don't cause false mismatches
+        return ((vocab_size is None or meta["vocab_size"] == vocab_size)
+                and (source is None or meta["source"] == json.loads(json.dumps(source)))
+                and all(f"{s}.bin" in files and f"{s}_docs.npy" in files for s in SPLITS)
+                and all((out_dir / name).is_file() and (out_dir / name).stat().st_size == info["bytes"]
+                        and file_sha256(out_dir / name) == info["sha256"] for name, info in files.items()))
     except (OSError, ValueError, KeyError, TypeError):  # missing / unreadable / malformed meta.json
         return False
-    return True
 
 
-def prepare_command(data_dir) -> str:
+def prepare_command(data_dir):
     """The command that (re)creates data_dir, for error messages."""
     name = Path(data_dir).name
     if name in SHAKESPEARE:
@@ -250,34 +174,28 @@ def prepare_command(data_dir) -> str:
     return f"python data/text/prepare.py <source> --name {name}"
 
 
-def load_meta(data_dir) -> dict:
+def load_meta(data_dir):
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"no prepared data in {data_dir} (missing meta.json); run: {prepare_command(data_dir)}")
     return json.loads(path.read_text())
 
 
-def load_split(data_dir, split) -> tuple[np.memmap, np.ndarray]:
+def load_split(data_dir, split):
     """(uint16 memmap of the split's tokens, int64 (n_docs, 2) document bounds)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not allowed; use one of {SPLITS}")
-    meta = load_meta(data_dir)
     bin_path = Path(data_dir) / f"{split}.bin"
     # a cheap size check (no hashing) catches missing or truncated files before they give odd batches
-    expected = meta["files"][f"{split}.bin"]["bytes"]
+    expected = load_meta(data_dir)["files"][f"{split}.bin"]["bytes"]
     actual = bin_path.stat().st_size if bin_path.is_file() else None
     if actual != expected:
         raise ValueError(f"{bin_path} has {actual} bytes, meta.json says {expected}; re-run: {prepare_command(data_dir)}")
-    tokens = np.memmap(bin_path, dtype=np.uint16, mode="r")
-    docs = np.load(Path(data_dir) / f"{split}_docs.npy")
-    return tokens, docs
+    return np.memmap(bin_path, dtype=np.uint16, mode="r"), np.load(Path(data_dir) / f"{split}_docs.npy")
 
 
-def get_rows(tokens, batch_size: int, block_size: int, rng: np.random.Generator) -> np.ndarray:
-    """nanoGPT-style random windows of block_size+1 tokens, int64 [B, T+1]: a row's inputs are row[:-1]
-    and its targets row[1:]. Windows may cross document boundaries (through the EOT), as in nanoGPT training."""
-    if batch_size < 1 or block_size < 1:
-        raise ValueError(f"batch_size={batch_size} and block_size={block_size} must both be >= 1")
+def get_rows(tokens, batch_size, block_size, rng):
+    """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing documents at EOTs."""
     n = len(tokens)
     if n < block_size + 1:
         raise ValueError(f"split has {n} tokens, fewer than block_size+1={block_size + 1}; use a smaller block_size or more data")
@@ -285,15 +203,9 @@ def get_rows(tokens, batch_size: int, block_size: int, rng: np.random.Generator)
     return np.stack([tokens[i:i + block_size + 1] for i in ix]).astype(np.int64)
 
 
-def doc_windows(docs: np.ndarray, length: int, n_windows: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted start offsets of up to n_windows windows of `length` tokens, each inside one document.
-
-    Candidates are the non-overlapping aligned windows [start + k*length, start + (k+1)*length) of every
-    document long enough; n_windows of them are drawn without replacement, so the choice is spread
-    over the documents (proportional to their length) and fixed by the rng. Returns all candidates
-    if there are no more than n_windows."""
-    if length < 1 or n_windows < 1:
-        raise ValueError(f"length={length} and n_windows={n_windows} must both be >= 1")
+def doc_windows(docs, length, n_windows, rng):
+    """Sorted starts of up to n_windows windows of `length` tokens, each inside a document: of the aligned windows
+    start + k*length of every document, all, or n_windows drawn without replacement (spread by document length)."""
     docs = np.asarray(docs, dtype=np.int64).reshape(-1, 2)
     doc_lens = docs[:, 1] - docs[:, 0]
     per_doc = doc_lens // length
@@ -302,10 +214,8 @@ def doc_windows(docs: np.ndarray, length: int, n_windows: int, rng: np.random.Ge
         longest = int(doc_lens.max()) if len(doc_lens) else 0
         raise ValueError(f"no window of length {length} fits inside a document: the longest document has "
                          f"{longest} tokens, so 0 windows are available; use a length <= {longest}")
-    # k-th window of each document: its start plus k*length, k counting from 0 within the document
-    first = np.repeat(docs[:, 0], per_doc)
     k = np.arange(total) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
-    starts = first + k * length
+    starts = np.repeat(docs[:, 0], per_doc) + k * length
     if total > n_windows:
         starts = starts[rng.choice(total, size=n_windows, replace=False)]
     return np.sort(starts)

@@ -19,30 +19,22 @@ def plant_repeat(row, segment, start, distance):
 
 
 def random_vocab(retrieval_vocab, vocab_size):
-    """How many token ids random segments draw from: retrieval_vocab (a run's config key; 0 means all) but
-    never the end-of-text token, the last id of a ropelab vocabulary."""
+    """How many ids random segments draw from: retrieval_vocab (0: all) but never EOT, a vocabulary's last id."""
     return min(retrieval_vocab or vocab_size - 1, vocab_size - 1)
 
 
-def random_segment(rng, length, vocab):
-    """Uniform token ids 0 .. vocab-1 (callers keep the end-of-text id, the vocabulary's last, out)."""
-    return rng.integers(0, vocab, size=length)
-
-
 def copy_chunk_row(rng, n, vocab, longest):
-    """n tokens of chunks of uniform length 2..longest: each chunk, once there is room, is with probability
-    1/2 a copy of an earlier stretch of the row (uniform start, so every distance up to n is practised)
-    and otherwise fresh random ids. Many repeats at many distances per row: no fixed offset predicts them,
-    so the model has to match content (an induction head) rather than learn a positional shortcut."""
-    row = np.empty(n, dtype=np.int64)
-    at = 0
+    """n tokens of chunks of uniform length 2..longest, each (once there is room) with probability 1/2 a copy
+    of an earlier stretch of the row (uniform start: every distance up to n is practised), else uniform ids
+    < vocab. No fixed offset predicts so many repeats: the model has to match content (an induction head)."""
+    row, at = np.empty(n, dtype=np.int64), 0
     while at < n:
         k = min(int(rng.integers(2, longest + 1)), n - at)
         if at >= k and rng.random() < 0.5:
             src = int(rng.integers(0, at - k + 1))
             row[at:at + k] = row[src:src + k]
         else:
-            row[at:at + k] = random_segment(rng, k, vocab)
+            row[at:at + k] = rng.integers(0, vocab, size=k)
         at += k
     return row
 
@@ -55,13 +47,12 @@ def mix_copies(rows, rng, fraction, longest, vocab):
 
 
 def copy_rows(filler, rng, segment, distances, vocab):
-    """Copy probe rows: filler [N, n] (one row per distance) with a random segment whose second copy ends
-    the row, its first `distance` tokens earlier. The repeat's tokens 1..segment-1 are the targets at
-    window positions n-segment .. n-2 (its first token cannot be known before it is seen)."""
+    """Copy probe rows: filler [N, n] (a row per distance) with a random segment whose second copy ends the row,
+    `distance` tokens after the first. Targets: its tokens 1..segment-1 (the first cannot be known), at n-segment .. n-2."""
     rows = np.array(filler, dtype=np.int64)  # a copy: the filler may be a read-only memmap
     n = rows.shape[1]
     for row, d in zip(rows, np.asarray(distances, dtype=np.int64).tolist()):
-        plant_repeat(row, random_segment(rng, segment, vocab), n - segment - d, d)
+        plant_repeat(row, rng.integers(0, vocab, size=segment), n - segment - d, d)
     return rows
 
 
@@ -71,9 +62,8 @@ KEY_DIGITS = 5  # a uniform guess of the key is right with probability 10^-5: th
 
 
 def passkey_row(filler, encode, key, depth):
-    """One passkey trial of len(filler) + 1 tokens (a window and its last target): held-out text with the
-    needle (stating the key) inserted at `depth` (0: first, 1: just before the question), then the question
-    and the key. Returns (row, number of key tokens at the row's end)."""
+    """(one passkey trial of len(filler) + 1 tokens, its number of key tokens at the end): held-out text with the
+    needle stating the key at `depth` (0: first, 1: just before the question), then the question and the key."""
     if not 0 <= depth <= 1:
         raise ValueError(f"depth {depth!r} is outside [0, 1] (the fraction of the filler before the key)")
     needle, ask, answer = (encode(t) for t in (NEEDLE.format(key=key), QUESTION, f" {key}"))

@@ -1,9 +1,8 @@
 """
 Offline GPT-2 BPE tokenizer (tiktoken), optionally restricted to the first ranks.
 
-The GPT-2 ranks ship with the repo (data/gpt2.tiktoken) so nothing is fetched at
-run time. Keeping only ranks < K is still a valid GPT-2 BPE: every merged token's
-two parts have lower ranks than the token itself, so they survive the cut.
+The GPT-2 ranks ship with the repo (data/gpt2.tiktoken): nothing is fetched at run time. Keeping only
+ranks < K is still a valid GPT-2 BPE: a merged token's two parts have lower ranks, so they survive the cut.
 """
 import base64
 import functools
@@ -27,28 +26,16 @@ def load_ranks(path=RANKS_PATH, sha256=RANKS_SHA256):
     if not path.exists():
         raise FileNotFoundError(f"GPT-2 ranks file not found: {path} (it is committed in the repo; restore it with: git checkout -- data/gpt2.tiktoken)")
     raw = path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != sha256:
+    if (digest := hashlib.sha256(raw).hexdigest()) != sha256:
         raise ValueError(f"{path} has sha256 {digest}, expected {sha256}; the file is corrupted or not GPT-2's (restore it with: git checkout -- data/gpt2.tiktoken)")
-    ranks = {}
-    for line in raw.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    pairs = (line.split() for line in raw.splitlines() if line)
+    return {base64.b64decode(token): int(rank) for token, rank in pairs}
 
 
 def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:
-    """GPT-2 BPE keeping ranks < vocab_size - 1, with <|endoftext|> = vocab_size - 1.
-
-    vocab_size=50257 is exactly GPT-2 (EOT 50256)."""
+    """GPT-2 BPE keeping ranks < vocab_size - 1, with <|endoftext|> = vocab_size - 1 (50257: exactly GPT-2)."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= GPT2_VOCAB_SIZE:
         raise ValueError(f"vocab_size={vocab_size!r} is not allowed; use an integer in {MIN_VOCAB_SIZE}..{GPT2_VOCAB_SIZE}")
-    ranks = load_ranks()
     n_bpe = vocab_size - 1  # the last id is reserved for EOT
-    return tiktoken.Encoding(
-        f"gpt2-{vocab_size}",
-        pat_str=GPT2_PATTERN,
-        mergeable_ranks={tok: r for tok, r in ranks.items() if r < n_bpe},
-        special_tokens={EOT: n_bpe},
-    )
+    return tiktoken.Encoding(f"gpt2-{vocab_size}", pat_str=GPT2_PATTERN, special_tokens={EOT: n_bpe},
+                             mergeable_ranks={tok: r for tok, r in load_ranks().items() if r < n_bpe})

@@ -1,15 +1,15 @@
 """
-The RoPE base lower bound of Men et al. (NeurIPS 2024): the smallest base whose
-B_m = sum_i cos(m * base^(-2i/d)) stays >= 0 for every distance m up to a context length.
+The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length"): the smallest
+base whose B_m = sum_i cos(m * base^(-2i/d)) stays >= 0 for every distance m up to a context length.
 
     python eval/base_bound.py --head_dim 128 --lengths 1024,16384,32768      # the smallest bases
     python eval/base_bound.py --head_dim 32 --lengths 4096 --bases 500,1e4,1e5,1e6 [--out DIR]
 
-Prints, per length, the smallest passing base of the two-significant-digit grid (an upward scan: the
-passing bases are not an interval, so a bisection could land on a failing one), and per --bases entry the
-first distance where B_m < 0. With --bases it also plots B_m against m (base_bound.png) and writes the
-numbers (base_bound.json) into --out (default: the current folder).
+Prints, per length, the smallest passing base of the two-significant-digit grid, and per --bases entry the
+first distance where B_m < 0; with --bases it also plots B_m against m (base_bound.png) and writes the numbers
+(base_bound.json) into --out (default: the current folder).
 """
+import itertools
 import json
 import math
 import sys
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from eval.report import pyplot
+from eval.report import pyplot, save
 from rope import default_inv_freq, rotating_pairs
 from runtime import arg_parser, number, parse_list, run_cli
 
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
-    """Men et al.'s B_m = sum_i cos(m * base^(-2i/d)) for m = start .. max_len, float64; B_0 = head_dim / 2.
-    fraction (p-RoPE): only the highest round(fraction * d/2) pairs rotate; each unrotated one adds cos(0) = 1."""
+    """B_m for m = start .. max_len, float64; B_0 = head_dim / 2. fraction (p-RoPE): only the highest
+    round(fraction * d/2) pairs rotate; each unrotated one adds cos(0) = 1."""
     # the expected score gap between a key similar to the query and a random one at distance m is
     # proportional to B_m, so B_m < 0 means attention no longer prefers the similar token at that distance
     m = torch.arange(start, max_len + 1, dtype=torch.float64)
@@ -34,44 +34,24 @@ def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
 
 
 def first_negative(head_dim, base, max_len, fraction=None):
-    """The first distance m in 1 .. max_len with B_m < 0 (where the bound fails), or None if there is none.
-    In doubling chunks: most bases of a scan fail early."""
+    """The first distance m in 1 .. max_len with B_m < 0, or None. In doubling chunks: most bases of a scan fail early."""
     start, size = 1, 256
     while start <= max_len:
         negative = (base_bound_curve(head_dim, base, min(start + size - 1, max_len), start, fraction) < 0).nonzero()
         if len(negative):
             return start + int(negative[0])
         start, size = start + size, 2 * size
-    return None
-
-
-def base_passes(head_dim, base, context_len):
-    # B_m >= 0 for every m in 1 .. context_len
-    return first_negative(head_dim, base, context_len) is None
-
-
-def two_digit_bases(lowest, highest):
-    # 1.0e1, 1.1e1, ..., 9.9e1, 1.0e2, ...: two significant digits, the resolution of the paper's Table 2
-    exponent = math.floor(math.log10(lowest))
-    while True:
-        for mantissa in range(10, 100):
-            base = float(f"{mantissa}e{exponent - 1}")
-            if base > highest:
-                return
-            if base >= lowest:
-                yield base
-        exponent += 1
 
 
 def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
-    """The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length") for a
-    context length: the first base b of the grid lowest, ..., 9.9e1, 1.0e2, 1.1e2, ... (two significant digits)
-    with B_m(b) >= 0 for every m in 1 .. context_len. Passing bases do not form an interval (B_m oscillates in b),
-    so this is an upward scan, not a bisection; a larger base may still fail. It is how the paper's Table 2 reads,
-    though at head dim 128 it gives 3.5e5 (16k) and 6.3e5 (32k) where the table's 3.1e5 and 6.4e5 fail before
-    those lengths. Raises ValueError if no base up to `highest` passes."""
-    for base in two_digit_bases(lowest, highest):
-        if base_passes(head_dim, base, context_len):
+    """The first base of the grid lowest, ..., 9.9e1, 1.0e2, 1.1e2, ... (two significant digits, Table 2's resolution)
+    with B_m >= 0 for m in 1 .. context_len: an upward scan, not a bisection, as the passing bases are no interval
+    (B_m oscillates in the base). At head dim 128: 3.5e5 (16k) and 6.3e5 (32k); Table 2's 3.1e5 and 6.4e5 fail."""
+    exponent = math.floor(math.log10(lowest)) - 1
+    for base in (float(f"{m}e{e}") for e in itertools.count(exponent) for m in range(10, 100)):
+        if base > highest:
+            break
+        if base >= lowest and first_negative(head_dim, base, context_len) is None:
             return base
     raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
 
@@ -94,21 +74,17 @@ def parse_args(argv):
 
 
 def plot(head_dim, bases, max_len, path):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = pyplot().subplots(figsize=(8, 4))
     for i, base in enumerate(bases):
-        curve = base_bound_curve(head_dim, base, max_len).numpy()
-        ax.plot(range(max_len + 1), curve, lw=1, color=f"C{i}", label=f"base {base:g}")
-        m = first_negative(head_dim, base, max_len)
-        if m:
+        ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy(), lw=1, color=f"C{i}",
+                label=f"base {base:g}")
+        if m := first_negative(head_dim, base, max_len):
             ax.axvline(m, color=f"C{i}", ls=":", lw=1)
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xscale="log", xlabel="relative distance m", ylabel="B_m", title=f"Men et al.'s B_m, head dim {head_dim}; "
            "dotted: first m with B_m < 0")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def base_bound(args):

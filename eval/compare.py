@@ -7,12 +7,11 @@ Compare runs evaluated by eval/extrapolate.py: one figure and one markdown table
 Writes PREFIX.png (the metric against eval length, log2 x-axis, one panel per run, one line per method (mode))
 and PREFIX.md (the metric at each eval length, "n/a" where not available), and prints the table.
 """
+import json
 import sys
 from pathlib import Path
 
-import json
-
-from eval.report import fmt, label, line_style, panels, pyplot
+from eval.report import fmt, label, line_style, panels, pyplot, save
 from runtime import arg_parser, run_cli
 
 METRICS = ("ppl", "ppl_beyond_train")
@@ -34,34 +33,27 @@ def load_report(run_dir):
 
 
 def lines(reports, protocol):
-    """{row label: {multiple of train length: entry}}: one row per run / method (mode), for one protocol."""
+    """({row label: {multiple of train length: entry}}, the multiples in order): one row per run / method (mode)."""
     rows = {}
     for rep in reports:
         for r in (r for r in rep["results"] if r["protocol"] == protocol):
             rows.setdefault(f"{rep['run']} / {label(r)}", {})[r["eval_len"] / rep["train_len"]] = r
-    return rows
-
-
-def multiples(rows):
-    return sorted({m for cells in rows.values() for m in cells})
+    return rows, sorted({m for cells in rows.values() for m in cells})
 
 
 def markdown(reports, metric, protocol):
-    rows = lines(reports, protocol)
-    train_lens = {rep["train_len"] for rep in reports}
+    (rows, cols), train_lens = lines(reports, protocol), {rep["train_len"] for rep in reports}
     # with one training length the columns can name the token count too
-    head = [f"{m:g}x" + (f" ({round(m * next(iter(train_lens)))})" if len(train_lens) == 1 else "") for m in multiples(rows)]
-    out = ["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head)]
-    for name, cells in rows.items():
-        out.append(f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in multiples(rows)) + " |")
-    return f"{metric.replace('_', ' ')} by eval length (multiples of the training length), {protocol} protocol\n\n" + "\n".join(out) + "\n"
+    head = [f"{m:g}x" + (f" ({round(m * min(train_lens))})" if len(train_lens) == 1 else "") for m in cols]
+    body = [f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in cols) + " |" for name, cells in rows.items()]
+    return (f"{metric.replace('_', ' ')} by eval length (multiples of the training length), {protocol} protocol\n\n"
+            + "\n".join(["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head), *body]) + "\n")
 
 
 def plot(reports, metric, protocol, path):
     """One panel per run (three a row, shared axes), one line per method (mode), its colour the same in every panel."""
-    plt = pyplot()
     names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
-    fig, places = panels(plt, len(reports), 3, 1, (5, 4), sharex=True, sharey=True)
+    fig, places = panels(pyplot(), len(reports), 3, 1, (5, 4), sharex=True, sharey=True)
     for (ax,), rep in zip(places, reports):
         for name in names:
             points = sorted((r["eval_len"] / rep["train_len"], r[metric]) for r in rep["results"]
@@ -72,24 +64,24 @@ def plot(reports, metric, protocol, path):
         ax.legend(fontsize=7, ncol=2)
     ax = places[0][0]
     ax.set_xscale("log", base=2)
-    ticks = multiples(lines(reports, protocol))
+    ticks = lines(reports, protocol)[1]
     ax.set_xticks(ticks, [f"{m:g}x" for m in ticks])
     ax.minorticks_off()
     ax.set_yscale("log")
     fig.suptitle(f"{metric.replace('_', ' ')} against eval length, {protocol} protocol")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
-def compare(run_dirs, prefix, metric, protocol):
+def compare(run_dirs, out, metric, protocol):
+    for name, value, allowed in (("metric", metric, METRICS), ("protocol", protocol, PROTOCOLS)):
+        if value not in allowed:
+            raise ValueError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
     reports = [load_report(d) for d in run_dirs]
-    prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)  # out: a prefix
     table = markdown(reports, metric, protocol)
-    Path(f"{prefix}.md").write_text(table)
-    plot(reports, metric, protocol, f"{prefix}.png")
-    print(table + f"-> {prefix}.md, {prefix}.png")
+    Path(f"{out}.md").write_text(table)
+    plot(reports, metric, protocol, f"{out}.png")
+    print(table + f"-> {out}.md, {out}.png")
 
 
 def main(argv):
@@ -98,15 +90,7 @@ def main(argv):
     p.add_argument("--out", default="out/compare", help="output prefix (default out/compare)")
     p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
     p.add_argument("--protocol", default="windows", help=f"{' | '.join(PROTOCOLS)} (default windows)")
-
-    def run():
-        a = p.parse_args(argv)
-        if a.metric not in METRICS:
-            raise ValueError(f"unknown --metric {a.metric!r}; allowed: {', '.join(METRICS)}")
-        if a.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown --protocol {a.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
-        compare(a.run_dirs, a.out, a.metric, a.protocol)
-    run_cli("compare.py", run)
+    run_cli("compare.py", lambda: compare(**vars(p.parse_args(argv))))
 
 
 if __name__ == "__main__":

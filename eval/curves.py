@@ -7,11 +7,12 @@ Plots the validation loss and, for runs trained with retrieval_mix, the copy top
 segment repeated inside the training length, in held-out text) against the iteration. No torch needed.
 """
 import json
-import sys
 from pathlib import Path
 
-from eval.report import pyplot
+from eval.report import pyplot, save
 from runtime import arg_parser, run_cli
+
+YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
 
 
 def read_log(run_dir):
@@ -22,23 +23,19 @@ def read_log(run_dir):
 
 
 def curves(args):
-    plt = pyplot()
     logs = {Path(r).name: read_log(r) for r in args.runs}
-    metrics = ["val"] + (["copy_top1"] if any("copy_top1" in e for log in logs.values() for e in log) else [])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
+    metrics = [m for m in YLABELS if m == "val" or any(m in e for log in logs.values() for e in log)]
+    fig, axes = pyplot().subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for name, log in logs.items():
             points = [(e["iter"], e[metric]) for e in log if metric in e]
             if points:
                 ax.plot(*zip(*points), marker=".", label=name)
-        ax.set(xlabel="iteration", ylabel={"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}[metric])
+        ax.set(xlabel="iteration", ylabel=YLABELS[metric])
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=100)
-    plt.close(fig)
+    save(fig, args.out)
     for name, log in logs.items():
-        last = log[-1]
-        print(f"{name}: iter {last['iter']}, " + ", ".join(f"{m} {last[m]:.4f}" for m in metrics if m in last))
+        print(f"{name}: iter {log[-1]['iter']}, " + ", ".join(f"{m} {log[-1][m]:.4f}" for m in metrics if m in log[-1]))
     print(f"-> {args.out}")
 
 

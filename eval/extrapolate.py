@@ -1,14 +1,12 @@
 """
 Loss by token position at and past the training length, with RoPE scaling applied at inference.
 
-    python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,crop,pi,...]
-        [--protocols windows,sliding] [--stride half|S] [--tokens N] [--bins linear|log] [--factor auto|S]
-        [--dynamic_factor A] [--dynamic_modes sequence[,causal]] [--seed 0] [--device auto|cpu|cuda]
-        [--out DIR] [--wandb_log true|false | --no-wandb]
+    python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,crop,pi,...] [--tokens N] [--out DIR]
+        [--protocols windows,sliding] [--stride half|S] [--bins linear|log] [--factor auto|S] [--dynamic_factor A]
+        [--dynamic_modes sequence[,causal]] [--seed 0] [--device auto|cpu|cuda] [--wandb_log true|false | --no-wandb]
 
-Writes extrapolation.json (everything, incl. the binned per-position curves and paired differences),
-extrapolation.csv (one summary row per entry) and extrapolation.png into RUN_DIR (or --out), and logs
-them to wandb if on. What each number means: docs/methodology.md.
+Writes extrapolation.json (everything, incl. binned per-position curves and paired differences), extrapolation.csv
+(a summary row per entry) and extrapolation.png into RUN_DIR (or --out); wandb if on. See docs/methodology.md.
 """
 import sys
 from pathlib import Path
@@ -36,24 +34,19 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
               "key_tokens", "ppl_key", "n_units", "tokens", "seconds", "available", "reason")
 
 
-# ----------------------------------------------------------------------------- arguments
-
 def parse_args(argv):
     p = arg_parser(__doc__)
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
     p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"(default {','.join(METHODS)})")
-    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="windows (each scored from position 0) and/or "
-                   "sliding (every token once, with >= length - stride tokens before it)")
+    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="windows (from position 0), sliding (each token once)")
     p.add_argument("--stride", default="half", help="sliding protocol's stride: half (of each length) or a number of tokens")
     p.add_argument("--tokens", default="16384", help="scored tokens per length and protocol (default 16384)")
     p.add_argument("--bins", default="linear", help="position bins of the curves: linear (2%% of the length) or log")
     p.add_argument("--factor", default="auto", help="auto: eval_len / train_len at each length; or one number >= 1 for all")
     p.add_argument("--dynamic_factor", default="1", help="dynamic-ntk's extra NTK multiplier a (transformers' factor; 1 = plain)")
-    p.add_argument("--dynamic_modes", default="sequence", help="sequence (one forward, as transformers; default) "
-                   "and/or causal (exact per position, O(T^2) and by far the slowest: opt in)")
-    p.add_argument("--key_threshold", default="2", help="key tokens (LongPPL): where a method's NLL is below crop's by "
-                   "more than this many nats (default 2)")
+    p.add_argument("--dynamic_modes", default="sequence", help="sequence (one forward; default), causal (exact, O(T^2))")
+    p.add_argument("--key_threshold", default="2", help="key tokens (LongPPL): NLL below crop's by more nats (default 2)")
     p.add_argument("--seed", default="0", help="seed of the window choice (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -70,23 +63,17 @@ def parse_args(argv):
         raise ValueError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
     if a.bins not in BINS:
         raise ValueError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
-    args["bins"] = a.bins
-    args["stride"] = None if a.stride == "half" else number(a.stride, "stride", int, 1)
-    args["tokens"] = number(a.tokens, "tokens", int, 1)
-    args["factor"] = None if a.factor == "auto" else number(a.factor, "factor", float, 1)
-    args["dynamic_factor"] = number(a.dynamic_factor, "dynamic_factor", float, 1)
-    args["seed"] = number(a.seed, "seed", int, 0)
-    args["key_threshold"] = number(a.key_threshold, "key_threshold", float, 0)
+    args.update(bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
+                tokens=number(a.tokens, "tokens", int, 1),
+                factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
+                dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1), seed=number(a.seed, "seed", int, 0),
+                key_threshold=number(a.key_threshold, "key_threshold", float, 0))
     if args["device"].split(":")[0] not in ("cpu", "cuda", "mps"):
         raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N")
-    wandb_log = {None: None, "true": True, "false": False}.get(a.wandb_log and a.wandb_log.lower(), "bad")
-    if wandb_log == "bad":
+    if a.wandb_log is not None and a.wandb_log.lower() not in ("true", "false"):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
-    args["wandb_log"] = wandb_log
-    return args
+    return dict(args, wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
 
-
-# ----------------------------------------------------------------------------- the grid
 
 def unavailable(config, method, protocol, eval_len):
     """Why this entry cannot be scored, or None (eval/methods.py's reasons, and one of the protocol's)."""
@@ -95,50 +82,33 @@ def unavailable(config, method, protocol, eval_len):
     return methods.unavailable(config, method, eval_len)
 
 
-def grid(methods, protocols, dynamic_modes, eval_lens):
-    """(protocol, eval_len, method, mode) in output order; only dynamic-ntk has modes, and its exact causal
-    mode (O(T^2) re-rotated keys per window) only the windows protocol."""
-    return [(p, T, m, mode) for p in protocols for T in eval_lens for m in methods
-            for mode in ((dynamic_modes if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
-
-
-# ----------------------------------------------------------------------------- scoring units
-
 def choose_units(docs, protocol, eval_len, tokens, seed):
-    """Start offsets of the units scored at one length, the same for every method (paired comparisons):
-    windows of eval_len tokens, or stretches for the sliding protocol (at least two windows long, so that
-    most of their tokens are scored with a long context), each inside one document, + 1 target token."""
+    """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2 windows."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
     n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
-    count = max(2, math.ceil(tokens / n))
     try:
-        return n, doc_windows(docs, n + 1, count, np.random.default_rng(seed))
+        return n, doc_windows(docs, n + 1, max(2, math.ceil(tokens / n)), np.random.default_rng(seed))
     except ValueError as e:
         raise ValueError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
 
 
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs):
     """(NLL [units, n], window position of every scored target [units, n])."""
+    if protocol == "sliding":
+        scored = [score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts]
+        return np.stack([a for a, _ in scored]), np.stack([p for _, p in scored])
     L = model.config.block_size
-    if protocol == "windows" and truncates(method, model.config.pos_emb):
-        # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1
-        # to L tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
-        nll = np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])
-        return nll, np.broadcast_to(np.arange(n), nll.shape)
-    if protocol == "windows":
-        nll = score_windows(model, tokens, starts, n, **kwargs)
-        return nll, np.broadcast_to(np.arange(n), nll.shape)
-    scored = [score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts]
-    return np.stack([a for a, _ in scored]), np.stack([p for _, p in scored])
+    # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1 to L
+    # tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
+    nll = (np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])
+           if truncates(method, model.config.pos_emb) else score_windows(model, tokens, starts, n, **kwargs))
+    return nll, np.broadcast_to(np.arange(n), nll.shape)
 
-
-# ----------------------------------------------------------------------------- summaries
 
 def mean_stderr(per_unit):
     """Mean over units and its standard error (None with one unit)."""
-    per_unit = np.asarray(per_unit, dtype=np.float64)
-    n = len(per_unit)
-    return float(per_unit.mean()), float(per_unit.std(ddof=1) / math.sqrt(n)) if n > 1 else None
+    a = np.asarray(per_unit, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None
 
 
 def bin_edges(eval_len, bins):
@@ -160,17 +130,9 @@ def binned(nll, edges):
 def summarize(nll, pos, train_len):
     """Loss fields of one entry from its NLL [units, n] and each target's position in its window."""
     loss, stderr = mean_stderr(nll.mean(axis=1))
-    beyond = nll[pos >= train_len]
-    beyond = float(beyond.mean()) if beyond.size else None
+    beyond = float(nll[pos >= train_len].mean()) if (pos >= train_len).any() else None
     return dict(loss=loss, ppl=math.exp(loss), loss_beyond_train=beyond,
                 ppl_beyond_train=None if beyond is None else math.exp(beyond), stderr=stderr)
-
-
-def paired(nll, reference):
-    """Mean difference in NLL to a reference scored on the same units, with its paired standard error."""
-    if nll is None or reference is None:
-        return None, None
-    return mean_stderr(nll.mean(axis=1) - reference.mean(axis=1))
 
 
 def curves(nll, ref, edges):
@@ -183,14 +145,13 @@ def curves(nll, ref, edges):
     return out
 
 
-# ----------------------------------------------------------------------------- the grid
-
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
     units = {(p, T): choose_units(docs, p, T, args["tokens"], args["seed"]) for p in args["protocols"] for T in eval_lens}
-    scored, results = {}, []
-    for protocol, T, method, mode in tqdm(grid(args["methods"], args["protocols"], args["dynamic_modes"], eval_lens),
-                                          desc="extrapolate", unit="eval"):
+    scored, results = {}, []  # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
+    grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
+            ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
+    for protocol, T, method, mode in tqdm(grid, desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
         factor = method_factor(method, T, train_len, args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"])
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
@@ -207,14 +168,14 @@ def run_grid(model, tokens, docs, args, train_len):
         results.append(dict(entry, **(empty if reason else summarize(nll, pos, train_len)),
                             available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
     keys = {k[:2]: key_tokens(scored, *k[:2], args["key_threshold"]) for k in scored}
-    for r in results:  # paired differences: to none and to crop, on the same units
+    for r in results:
         key = r["protocol"], r["eval_len"]
-        nll = scored[(*key, r["method"], r["mode"])]
-        mask = keys[key]
+        nll, mask = scored[(*key, r["method"], r["mode"])], keys[key]
         r["key_tokens"] = None if mask is None else int(mask.sum())
         r["ppl_key"] = math.exp(nll[mask].mean()) if mask is not None and nll is not None and mask.any() else None
-        for ref in ("none", "crop"):
-            d, err = paired(nll, scored.get((*key, ref, None))) if r["method"] != ref else (None, None)
+        for ref in ("none", "crop"):  # mean paired differences, on the same units, with their standard errors
+            other = scored.get((*key, ref, None)) if r["method"] != ref else None
+            d, err = (None, None) if nll is None or other is None else mean_stderr(nll.mean(axis=1) - other.mean(axis=1))
             r.update({f"diff_{ref}": d, f"diff_{ref}_stderr": err})
         if r["protocol"] == "windows" and nll is not None:
             r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
@@ -223,14 +184,10 @@ def run_grid(model, tokens, docs, args, train_len):
 
 
 def key_tokens(scored, protocol, eval_len, threshold):
-    """Key tokens (Fang et al. 2024, LongPPL) at one length: targets that some method predicts more than
-    `threshold` nats better with the whole window than crop does, i.e. that need context past the training
-    length. One set per length, shared by every method, so their perplexities on it compare."""
+    """Key tokens (LongPPL, Fang et al. 2024): targets some method predicts > threshold nats better than crop does."""
     crop = scored.get((protocol, eval_len, "crop", None))
     others = [v for (p, T, m, _), v in scored.items() if (p, T) == (protocol, eval_len) and m != "crop" and v is not None]
-    if crop is None or not others:
-        return None
-    return np.any([crop - v > threshold for v in others], axis=0)
+    return None if crop is None or not others else np.any([crop - v > threshold for v in others], axis=0)
 
 
 def timing(results):
@@ -241,13 +198,9 @@ def timing(results):
     return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
 
 
-# ----------------------------------------------------------------------------- outputs
-
 def table(report):
     """Text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
-    L = report["train_len"]
-    lens = sorted({r["eval_len"] for r in report["results"]})
-    rows = {}
+    L, lens, rows = report["train_len"], sorted({r["eval_len"] for r in report["results"]}), {}
     for r in report["results"]:
         cell = fmt(r["ppl"]) + ("" if r["ppl_beyond_train"] is None else f" ({fmt(r['ppl_beyond_train'])})")
         rows.setdefault(f"{r['protocol']}: {label(r)}", {})[r["eval_len"]] = cell
@@ -258,25 +211,23 @@ def table(report):
     return f"ppl (ppl beyond train length {L}) of {report['run']}:\n" + "\n".join(lines)
 
 
-def write_csv(report, path):
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+def write_outputs(out, name, report, rows, fields=CSV_FIELDS):
+    """out/name.json (the report) and out/name.csv (the rows' fields, None as an empty cell)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    with open(out / f"{name}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
-        for r in report["results"]:
-            w.writerow({k: "" if r[k] is None else r[k] for k in CSV_FIELDS})
+        w.writerows({k: "" if r.get(k) is None else r[k] for k in fields} for r in rows)
 
 
 def plot(report, path):
-    """Per evaluation length past the training length: loss by position with a band of one standard error
-    over windows (top) and the paired difference to `none` (bottom); crop in black."""
-    plt = pyplot()
-    L = report["train_len"]
+    """Per length past training, two a row: loss by position +- one standard error (top), paired difference to none."""
+    plt, L, ctx_len = pyplot(), report["train_len"], report.get("context_len", report["train_len"])
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = sorted({r["eval_len"] for r in entries})
-    lens = [T for T in lens if T > L] or lens
-    # two lengths a row, per length the curves above and the difference below
-    fig, places = panels(plt, len(lens), 2, 2, (8, 7.5),
-                         gridspec_kw=dict(height_ratios=[3, 2] * math.ceil(len(lens) / 2)))
+    lens, tuned = [T for T in lens if T > L] or lens, f", dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
+    fig, places = panels(plt, len(lens), 2, 2, (8, 7.5), gridspec_kw=dict(height_ratios=[3, 2] * math.ceil(len(lens) / 2)))
     for (top, bottom), T in zip(places, lens):
         for i, r in enumerate(r for r in entries if r["eval_len"] == T):
             style = line_style(r["method"], i)
@@ -293,12 +244,11 @@ def plot(report, path):
                 bottom.fill_between(x, d - de, d + de, alpha=0.15, color=style["color"], lw=0)
         for ax in (top, bottom):
             ax.axvline(L, color="grey", ls=":", lw=1)
-            if report.get("context_len", L) != L:  # a fine-tuned run: its own training length too
-                ax.axvline(report["context_len"], color="grey", ls="-.", lw=1)
+            if tuned:  # a fine-tuned run: its own training length too
+                ax.axvline(ctx_len, color="grey", ls="-.", lw=1)
             ax.set_xscale("log" if report["bins"] == "log" else "linear")
         bottom.axhline(0, color="grey", lw=0.8)
         n = min(r["n_units"] for r in entries if r["eval_len"] == T)
-        tuned = f", dash-dot: fine-tuned at {report['context_len']}" if report.get("context_len", L) != L else ""
         top.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
                 ylabel="NLL (mean over windows, binned)")
         bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)")
@@ -316,16 +266,13 @@ def log_wandb(report, ckpt, png):
     rows = [[r[k] for k in CSV_FIELDS] for r in report["results"]]
     run.log({"extrapolation/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows)})
     for T in sorted({r["eval_len"] for r in report["results"]}):
-        curves = [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]
-        if curves:
+        if curves := [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]:
             run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
                 xs=curves[0]["curve"]["x"], ys=[r["curve"]["loss"] for r in curves], keys=[label(r) for r in curves],
                 title=f"NLL by position, eval length {T}", xname="position")})
     run.log({"extrapolation/plot": wandb.Image(str(png))})
     run.finish()
 
-
-# ----------------------------------------------------------------------------- main
 
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
@@ -335,8 +282,7 @@ def extrapolate(args):
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
               f"{model.config.block_size}, crop's window")
-    kept = methods.applicable(args["methods"], pos_emb)
-    if kept != args["methods"]:
+    if (kept := methods.applicable(args["methods"], pos_emb)) != args["methods"]:
         dropped = [m for m in args["methods"] if m not in kept]
         print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(dropped)}) do not apply; evaluating {', '.join(kept) or 'nothing'}")
         args = dict(args, methods=kept)
@@ -354,16 +300,12 @@ def extrapolate(args):
                   stride=args["stride"] or "half", bins=args["bins"], dataset=str(data_dir),
                   seconds=round(time.time() - t0, 1), seconds_by_method=timing(results), units=units, results=results)
     out = args["out"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "extrapolation.json").write_text(json.dumps(report, indent=1) + "\n")
-    write_csv(report, out / "extrapolation.csv")
+    write_outputs(out, "extrapolation", report, results)
     plot(report, out / "extrapolation.png")
-    print(table(report))
-    print(f"{len(results)} evaluations in {report['seconds']:.0f}s: "
-          + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()))
-    print(f"-> {out}/extrapolation.{{json,csv,png}}")
-    wandb_log = args["wandb_log"] if args["wandb_log"] is not None else ckpt["config"].get("wandb_log", False)
-    if wandb_log:
+    print(table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
+          f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")
+    if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:
         log_wandb(report, ckpt, out / "extrapolation.png")
     return report
 

@@ -19,6 +19,12 @@ def pyplot():
     return plt
 
 
+def save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+
+
 def panels(plt, n, per_row, stacked, size, **subplots):
     """A figure for n items, per_row of them a row, each item a column of `stacked` panels, size (w, h) inches
     per item: (figure, per item its panels top to bottom). The empty places of the last row are hidden."""

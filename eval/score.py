@@ -1,8 +1,5 @@
-"""
-The one shared way to load a trained run and score windows of held-out text, token by token.
-Every evaluation (extrapolation, the retrieval probes) goes through score_rows,
-so "the loss at position p" means the same thing everywhere.
-"""
+"""The one shared way to load a trained run and score held-out text token by token: every evaluation goes through
+score_rows, so "the loss at position p" means the same thing everywhere."""
 import numpy as np
 import torch
 from torch.nn import functional as F
@@ -12,8 +9,7 @@ from runtime import autocast, data_dir, load_checkpoint, model_from_checkpoint
 
 
 def load_run(run_dir, device="cpu"):
-    """(model in eval mode on device, checkpoint dict, the run's dataset dir). Missing or corrupted
-    checkpoint, missing data, or data with another vocabulary: a one-line ValueError/FileNotFoundError."""
+    """(model in eval mode on device, checkpoint, dataset dir); a bad checkpoint or data: a one-line error."""
     ckpt = load_checkpoint(run_dir, device)
     folder = data_dir(ckpt["config"]["dataset"])
     meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
@@ -21,13 +17,11 @@ def load_run(run_dir, device="cpu"):
         # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
         raise ValueError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
                          f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
-    model = model_from_checkpoint(ckpt).to(device).eval()
-    return model, ckpt, folder
+    return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 
 def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **positions):
-    """Per-position NLL [len(starts), length] (float64) of each window: inputs tokens[s:s+length],
-    targets tokens[s+1:s+length+1], each window scored on its own from position 0 (see score_rows)."""
+    """Per-position NLL [len(starts), length] of the windows tokens[s:s+length+1] (see score_rows)."""
     if length < 1:
         raise ValueError(f"window length must be >= 1, got {length}")
     starts = np.asarray(starts, dtype=np.int64)
@@ -39,13 +33,10 @@ def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **posit
 
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, **positions):
-    """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1]: inputs rows[:, :-1], targets
-    rows[:, 1:], each row scored on its own from position 0. Batches hold at most tokens_per_batch tokens
-    (at least one row), so memory does not grow with the length. positions: how the model treats
-    positions for this call (GPT.forward's rope_scaling, causal_dynamic, window, logn_len)."""
+    """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1], each scored on its own from position 0,
+    in batches of <= tokens_per_batch tokens (at least one row). positions: GPT.forward's position arguments."""
     rows = np.asarray(rows, dtype=np.int64)
-    N, n = rows.shape[0], rows.shape[1] - 1
-    device = next(model.parameters()).device
+    N, n, device = rows.shape[0], rows.shape[1] - 1, next(model.parameters()).device
     _, ctx = autocast("auto", device.type)  # bf16 on CUDA if supported, float32 on CPU
     batch = max(1, tokens_per_batch // n)
     nll, hit = np.empty((N, n), dtype=np.float64), np.empty((N, n), dtype=bool)
@@ -61,9 +52,8 @@ def score_rows(model, rows, tokens_per_batch=16384, **positions):
 
 
 def sliding_windows(n, length, stride):
-    """Starts (within a stretch of n tokens) of the windows of the sliding protocol and, for each, how many
-    of its last targets it scores: the first window scores all `length`, each later one the next <= stride
-    tokens, so every target is scored once and, after the first window, with >= length - stride before it."""
+    """(start in a stretch of n tokens, last targets scored) per sliding window: the first scores all `length`, each
+    later one the next <= stride: every target once, after the first with >= length - stride tokens before it."""
     if not 1 <= stride <= length <= n:
         raise ValueError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
                          f"length {length}, stretch {n}")
@@ -72,8 +62,7 @@ def sliding_windows(n, length, stride):
 
 
 def score_sliding(model, tokens, start, n, length, stride, **positions):
-    """(NLL [n], position of each target in the window that scored it) for targets tokens[start+1 ..
-    start+n], every one scored once by the sliding protocol (see sliding_windows)."""
+    """(NLL [n], position in its window) of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
     plan = sliding_windows(n, length, stride)
     nll = score_windows(model, tokens, [start + s for s, _ in plan], length, **positions)
     return (np.concatenate([row[length - k:] for row, (_, k) in zip(nll, plan)]),

@@ -5,45 +5,41 @@ A study: configs x seeds, each trained and evaluated, then aggregated across see
         [--train_args "--max_iters=500"] [--eval_args "--lengths 1,4,16"] [--probe_args "--probes copy"]
         [--wandb_log true|false]
 
-Each run is out/<study>/<config>_seed<k> (train.py --seed=k). A run already trained to its max_iters
-is not trained again, one with a partial checkpoint resumes, and one evaluated on its final checkpoint is
-not evaluated again: an interrupted study picks up where it stopped. Runs train one after another, never
-side by side. Writes study.json (every aggregate), study.md (tables) and study.png into --out, and logs
-them to wandb in the study's group (the group of its training runs too).
-Aggregates, per (config, protocol, method, length): mean and 95% t-interval across seeds of the loss (ppl
-is exp of it), of the loss beyond the training length, and of the paired differences to none and to crop.
-With --probe_args ("" for the defaults) each run also gets eval/probes.py, and the study aggregates copy
-top-1 per distance and passkey exact match per length (mean over depths) the same way, with how many seeds
-copy inside the training length.
+Trains out/<study>/<config>_seed<k> (train.py --seed=k) one after another, every option checked before the first,
+and picks up where it stopped: a run trained to its max_iters is not trained again (a partial one resumes), nor one
+evaluated on its final checkpoint with the same options evaluated again. Per (config, protocol, method, length): mean
+and 95% t-interval across seeds of the loss, of the loss beyond the training length and of the paired differences to
+none and to crop; with --probe_args ("" for the defaults) also eval/probes.py's copy top-1 per distance and passkey
+exact match per length (mean over depths), with how many seeds copy inside the training length. Writes study.json,
+study.md (tables, headed by the command that regenerates it) and study.png into --out, and logs them to wandb in the
+study's group (that of its training runs too).
 """
-import sys
-from pathlib import Path
-
 import json
 import math
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from eval.compare import load_report
-from eval.report import fmt, label, line_style, panels, pyplot
-from runtime import ROOT, arg_parser, run_cli
+from eval.extrapolate import parse_args as eval_options
+from eval.probes import parse_args as probe_options
+from eval.report import fmt, label, line_style, panels, pyplot, save
+from runtime import ROOT, arg_parser, init_wandb, load_checkpoint, number, run_cli
+from train import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop")
+KEYS = ("protocol", "method", "mode", "eval_len")  # with the config, what a row aggregates over seeds
 
-
-# ----------------------------------------------------------------------------- running
 
 def last_iter(run_dir):
     """(iteration of the run's checkpoint, its max_iters), or None if there is none yet."""
-    import torch  # only here: aggregating and testing the statistics needs no torch
-    path = run_dir / "ckpt.pt"
-    if not path.is_file():
-        return None
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    return ckpt["iter_num"], ckpt["config"]["max_iters"]
+    if (run_dir / "ckpt.pt").is_file():
+        ckpt = load_checkpoint(run_dir)
+        return ckpt["iter_num"], ckpt["config"]["max_iters"]
 
 
 def step(what, cmd):
@@ -58,36 +54,28 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     run_dir = out / name
     done = last_iter(run_dir)
     if done is None or done[0] < done[1]:
-        resume = ["--init_from=resume"] if done else []
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
-                               f"--wandb_group={out.name}", f"--wandb_run_name={name}", *resume,
+                               f"--wandb_group={out.name}", f"--wandb_run_name={name}", *(["--init_from=resume"] if done else []),
                                *(a.replace("{seed}", str(seed)) for a in train_args)])
         done = last_iter(run_dir)
-    report = run_dir / "extrapolation.json"
-    current = report.is_file() and load_report(run_dir)
     # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
-    if not current or (current["checkpoint_iter"], current.get("options")) != (done[0], eval_args):
+    rep = (run_dir / "extrapolation.json").is_file() and load_report(run_dir)
+    if not rep or (rep["checkpoint_iter"], rep.get("options")) != (done[0], eval_args):
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args])
     else:
         print(f"study: {name}: trained and evaluated already")
-    probes = run_dir / "probes.json"
-    current = probes.is_file() and json.loads(probes.read_text())
-    if probe_args is not None and (not current or (current["checkpoint_iter"], current["options"]) != (done[0], probe_args)):
+    rep = (run_dir / "probes.json").is_file() and json.loads((run_dir / "probes.json").read_text())
+    if probe_args is not None and (not rep or (rep["checkpoint_iter"], rep["options"]) != (done[0], probe_args)):
         step(f"probe {name}", [sys.executable, str(ROOT / "eval" / "probes.py"), str(run_dir), *probe_args])
     return run_dir
 
 
-# ----------------------------------------------------------------------------- statistics
-
 def interval(values):
     """Mean and 95% confidence interval (t distribution, n - 1 degrees of freedom) of per-seed values."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
-    if len(v) == 0:
-        return None
-    mean = float(v.mean())
-    if len(v) == 1:
-        return dict(n=1, mean=mean, lo=None, hi=None)
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    if len(v) < 2:  # no interval from one seed
+        return dict(n=1, mean=float(v[0]), lo=None, hi=None) if len(v) else None
+    mean, half = float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
     return dict(n=len(v), mean=mean, lo=mean - half, hi=mean + half)
 
 
@@ -97,16 +85,11 @@ def aggregate(reports):
     for config, seeds in reports.items():
         for rep in seeds:
             for r in rep["results"]:
-                key = (config, r["protocol"], r["method"], r["mode"], r["eval_len"])
-                row = rows.setdefault(key, dict(config=config, protocol=r["protocol"], method=r["method"], mode=r["mode"],
-                                                eval_len=r["eval_len"], train_len=rep["train_len"], values={}))
+                row = rows.setdefault((config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
+                                      train_len=rep["train_len"], **dict.fromkeys(METRICS), per_seed={m: [] for m in METRICS}))
                 for m in METRICS:
-                    row["values"].setdefault(m, []).append(r[m])
-    out = []
-    for row in rows.values():
-        stats_ = {m: interval(v) for m, v in row["values"].items()}
-        out.append(dict({k: v for k, v in row.items() if k != "values"}, **stats_, per_seed=row["values"]))
-    return out
+                    row["per_seed"][m].append(r[m])
+    return [dict(row, **{m: interval(v) for m, v in row["per_seed"].items()}) for row in rows.values()]
 
 
 def aggregate_probes(reports):
@@ -114,37 +97,37 @@ def aggregate_probes(reports):
     length (mean over depths) per (config, method), with intervals over seeds."""
     rows = {}
     for config, seeds in reports.items():
+        copies = sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds)
         for rep in seeds:
             per = {}
-            for r in rep["results"]:
-                if r["probe"] in ("copy", "passkey") and r["available"]:
-                    at = r["distance"] if r["probe"] == "copy" else r["eval_len"]
-                    per.setdefault((r["probe"], r["method"], at), []).append(r["top1" if r["probe"] == "copy" else "exact"])
+            for r in (r for r in rep["results"] if r["probe"] in ("copy", "passkey") and r["available"]):
+                at, value = ("distance", "top1") if r["probe"] == "copy" else ("eval_len", "exact")
+                per.setdefault((r["probe"], r["method"], r[at]), []).append(r[value])
             for (probe, method, at), v in per.items():
                 row = rows.setdefault((config, probe, method, at), dict(config=config, probe=probe, method=method, at=at,
-                                                                        train_len=rep["train_len"], values=[]))
-                row["values"].append(float(np.mean(v)))
-    copies = {c: sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds) for c, seeds in reports.items()}
-    return [dict({k: v for k, v in r.items() if k != "values"}, value=interval(r["values"]), per_seed=r["values"],
-                 seeds_that_copy=copies[r["config"]]) for r in rows.values()]
+                                      train_len=rep["train_len"], value=None, per_seed=[], seeds_that_copy=copies))
+                row["per_seed"].append(float(np.mean(v)))
+    return [dict(r, value=interval(r["per_seed"])) for r in rows.values()]
 
-
-# ----------------------------------------------------------------------------- outputs
 
 def cell(s, transform=lambda x: x, digits=2):
     """'mean [lo, hi]' of an interval, through transform (exp for perplexities); 'n/a' without values."""
-    if s is None:
-        return "n/a"
-    if s["lo"] is None:
-        return fmt(transform(s["mean"]), digits)
-    return f"{fmt(transform(s['mean']), digits)} [{fmt(transform(s['lo']), digits)}, {fmt(transform(s['hi']), digits)}]"
+    mean, lo, hi = (fmt(None if s is None or s[k] is None else transform(s[k]), digits) for k in ("mean", "lo", "hi"))
+    return f"{mean} [{lo}, {hi}]" if s and s["lo"] is not None else mean
 
 
-def markdown(rows, seeds):
-    lens = sorted({r["eval_len"] for r in rows})
-    L = rows[0]["train_len"]
-    head = "| config | method |" + "".join(f" {T / L:g}x ({T}) |" for T in lens)
-    rule = "| --- | --- |" + " ---: |" * len(lens)
+def table(cells, cols, L):
+    """A markdown table from ((config, method), column, text) triples: a column per length or distance in cols."""
+    body = {}
+    for key, at, text in cells:
+        body.setdefault(key, {})[at] = text
+    return "\n".join(["| config | method |" + "".join(f" {a / L:g}x ({a}) |" for a in cols), "| --- | --- |" + " ---: |" * len(cols),
+                      *(f"| {c} | {m} |" + "".join(f" {row.get(a, '')} |" for a in cols) for (c, m), row in body.items())])
+
+
+def markdown(rows, seeds, probe_rows=()):
+    """The tables of the study's rows, then those of its probe rows."""
+    lens, L = sorted({r["eval_len"] for r in rows}), rows[0]["train_len"]
     tables = []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         for metric, title, transform, digits in (
@@ -152,73 +135,48 @@ def markdown(rows, seeds):
                 ("loss_beyond_train", "perplexity beyond the training length", math.exp, 1),
                 ("diff_crop", "loss minus crop on the same windows (nats; < 0: the longer context helps)", lambda x: x, 3),
                 ("diff_none", "loss minus none on the same windows (nats)", lambda x: x, 3)):
-            body = {}
-            for r in rows:
-                if r["protocol"] == protocol:
-                    body.setdefault((r["config"], label(r)), {})[r["eval_len"]] = cell(r[metric], transform, digits)
-            lines = [f"| {c} | {m} |" + "".join(f" {cells.get(T, '')} |" for T in lens) for (c, m), cells in body.items()]
-            tables.append(f"### {title}, {protocol} protocol\n\nmean [95% CI] over {seeds} seeds\n\n"
-                          + "\n".join([head, rule, *lines]))
-    return "\n\n".join(tables) + "\n"
-
-
-def probe_markdown(rows, seeds):
-    tables = []
+            cells = [((r["config"], label(r)), r["eval_len"], cell(r[metric], transform, digits))
+                     for r in rows if r["protocol"] == protocol]
+            tables.append(f"### {title}, {protocol} protocol\n\nmean [95% CI] over {seeds} seeds\n\n" + table(cells, lens, L))
     for probe, what, unit in (("copy", "copy probe: top-1 on the repeat", "distance"),
                               ("passkey", "passkey: exact match, mean over depths", "length")):
-        rs = [r for r in rows if r["probe"] == probe]
-        if not rs:
-            continue
-        cols, L = sorted({r["at"] for r in rs}), rs[0]["train_len"]
-        body = {}
-        for r in rs:
-            body.setdefault((r["config"], r["method"], r["seeds_that_copy"]), {})[r["at"]] = cell(r["value"])
-        lines = [f"| {c} ({n}/{seeds} copy) | {m} |" + "".join(f" {cells.get(a, '')} |" for a in cols)
-                 for (c, m, n), cells in body.items()]
-        tables.append(f"### {what}, by {unit}\n\nmean [95% CI] over {seeds} seeds; (k/n copy): seeds whose run copies "
-                      f"inside its training length, without which the row compares nothing\n\n"
-                      + "\n".join([f"| config | method |" + "".join(f" {a / L:g}x ({a}) |" for a in cols),
-                                   "| --- | --- |" + " ---: |" * len(cols), *lines]))
-    return "\n\n".join(tables) + "\n" if tables else ""
+        rs = [r for r in probe_rows if r["probe"] == probe]
+        if rs:
+            cells = [((f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]), r["at"], cell(r["value"])) for r in rs]
+            tables.append(f"### {what}, by {unit}\n\nmean [95% CI] over {seeds} seeds; (k/n copy): seeds whose run copies "
+                          f"inside its training length, without which the row compares nothing\n\n"
+                          + table(cells, sorted({r["at"] for r in rs}), rs[0]["train_len"]))
+    return "\n\n".join(tables) + "\n"
 
 
 def plot(rows, path):
     """Per config: perplexity against length with 95% intervals (top), loss minus crop (bottom); windows protocol."""
-    plt = pyplot()
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
-    fig, places = panels(plt, len(configs), 3, 2, (5.5, 8), sharex=True)
+    fig, places = panels(pyplot(), len(configs), 3, 2, (5.5, 8), sharex=True)
     for (top, bottom), config in zip(places, configs):
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
             pts = sorted((r["eval_len"] / r["train_len"], r) for r in rows if r["config"] == config and label(r) == name)
-            style = line_style(name, names.index(name))
             for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
                 p = [(m, r[metric]) for m, r in pts if r[metric] is not None]
-                if not p:
-                    continue
-                x = [m for m, _ in p]
-                y = [tf(s["mean"]) for _, s in p]
-                err = [[tf(s["mean"]) - tf(s["lo"] if s["lo"] is not None else s["mean"]) for _, s in p],
-                       [tf(s["hi"] if s["hi"] is not None else s["mean"]) - tf(s["mean"]) for _, s in p]]
-                ax.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=3, lw=1.2, label=name, **style)
+                if p:  # one seed: no interval, a bar of length 0
+                    y, lo, hi = (np.array([tf(s[k] if s[k] is not None else s["mean"]) for _, s in p]) for k in ("mean", "lo", "hi"))
+                    ax.errorbar([m for m, _ in p], y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=3, lw=1.2, label=name,
+                                **line_style(name, names.index(name)))
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
         bottom.axhline(0, color="grey", lw=0.8)
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop (nats)")
         bottom.set_xscale("log", base=2)
         top.legend(fontsize=7, ncol=2)
     fig.suptitle("mean over seeds, error bars: 95% t-interval; below 0 in the lower row: better than cropping")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def log_wandb(study, out, png, md):
     import wandb
-
-    from runtime import init_wandb
-    config = dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"])
-    run = init_wandb(config, "study", group=out.name)
+    run = init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
+                     "study", group=out.name)
     cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
             + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi")] for r in study["rows"]]
@@ -227,9 +185,13 @@ def log_wandb(study, out, png, md):
     run.finish()
 
 
-# ----------------------------------------------------------------------------- main
+def from_root(path):
+    path = Path(path).resolve()  # relative to the repo root where it lies inside it, else absolute
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
 
 def parse_args(argv):
+    """The study's options, with everything it passes on to train.py, extrapolate.py and probes.py checked."""
     p = arg_parser(__doc__)
     p.add_argument("configs", nargs="+", help="config files (configs/*.py)")
     p.add_argument("--seeds", default="3", help="training seeds 0 .. N-1 per config (default 3)")
@@ -237,24 +199,26 @@ def parse_args(argv):
     p.add_argument("--train_args", default="", help="extra train.py overrides, e.g. \"--max_iters=500\"; {seed} is "
                    "replaced by the seed (fine-tunes: \"--init_from=out/study/rope_small_seed{seed}\")")
     p.add_argument("--eval_args", default="", help="extra eval/extrapolate.py options, e.g. \"--lengths 1,4,16\"")
-    p.add_argument("--probe_args", default=None, help="run eval/probes.py on every run with these options "
-                   "(\"\" for its defaults); default: no probes")
+    p.add_argument("--probe_args", default=None, help="eval/probes.py options for every run (\"\" for its defaults); default: no probes")
     p.add_argument("--wandb_log", default="true", help="log the study itself to wandb: true | false (default true)")
     a = p.parse_args(argv)
-    missing = [c for c in a.configs if not Path(c).is_file()]
-    if missing:
-        raise FileNotFoundError(f"config file {', '.join(missing)} not found (see configs/)")
-    try:
-        seeds = int(a.seeds)
-    except ValueError:
-        raise ValueError(f"--seeds {a.seeds!r} is not an integer") from None
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if a.wandb_log.lower() not in ("true", "false"):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
-    return dict(configs=a.configs, seeds=seeds, out=Path(a.out), train_args=shlex.split(a.train_args),
+    args = dict(configs=a.configs, seeds=number(a.seeds, "seeds", int, 1), out=Path(a.out), train_args=shlex.split(a.train_args),
                 eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args))
+    for config in a.configs:  # train.py's own checks, as each run will get them
+        load_config([config, *(t.replace("{seed}", "0") for t in args["train_args"])])
+    for name, check in (("eval_args", eval_options), ("probe_args", probe_options)):
+        try:
+            if args[name] is not None:
+                check(["RUN_DIR", *args[name]])  # a placeholder run: only the options are checked
+        except ValueError as e:
+            raise ValueError(f"--{name}: {e}") from None
+    given = dict(vars(a), configs=None, out=from_root(a.out))  # the options that differ from their defaults
+    args["command"] = shlex.join(["python", "eval/study.py", *map(from_root, a.configs),
+                                  *(f"--{k}={v}" for k, v in given.items() if v != p.get_default(k))])
+    return args
 
 
 def study(args):
@@ -270,7 +234,8 @@ def study(args):
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=0.95, rows=rows, probe_rows=probe_rows)
     (out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(rows, args["seeds"]) + ("\n" + probe_markdown(probe_rows, args["seeds"]) if probe_rows else "")
+    md = (f"# Study {out.name}: {', '.join(reports)}, {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
+          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows))
     (out / "study.md").write_text(md)
     plot(rows, out / "study.png")
     print(md + f"-> {out}/study.{{json,md,png}}")

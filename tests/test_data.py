@@ -168,7 +168,7 @@ def test_bad_inputs_raise_clear_errors(prepared, tmp_path):
         prepare_text(tmp_path / "nope", out_dir=tmp_path / "x")
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "a.txt").write_text("hi")
-    with pytest.raises(ValueError, match="1 .txt file"):
+    with pytest.raises(ValueError, match="need at least 2 documents to make a train and a val split, got 1"):
         prepare_text(tmp_path / "one", out_dir=tmp_path / "x")
 
 

@@ -12,7 +12,7 @@ import torch
 from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_chunk_row, copy_rows, mix_copies, passkey_row, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval import probes
-from eval.base_bound import base_bound_curve, first_negative, smallest_base
+from eval.base_bound import first_negative, smallest_base
 from eval.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig, visible
 from rope import apply_rope
@@ -138,26 +138,6 @@ def test_p_rope_pairs_that_do_not_rotate_do_not_turn_in_the_rotation_probe():
         assert np.allclose(r["turns_train"][:8], 256 * theta[:8] / (2 * math.pi), rtol=1e-6)
 
 
-def test_base_bound_by_hand():
-    # head dim 2: B_m = cos(m), first negative at m = 2 (cos 2 = -0.416)
-    assert first_negative(2, 10.0, 10) == 2
-    # head dim 4, base 100: B_m = cos(m) + cos(m / 10); B_2 = -0.416 + 0.980 = 0.564, B_3 = -0.990 + 0.955 = -0.035
-    curve = base_bound_curve(4, 100.0, 3)
-    assert curve.tolist() == pytest.approx([2.0, math.cos(1) + math.cos(0.1), 0.5639, -0.0347], abs=1e-4)
-    assert first_negative(4, 100.0, 3) == 3 and first_negative(4, 100.0, 2) is None
-    # the passing bases are not an interval: a base above the smallest passing one can fail
-    low = smallest_base(8, 64)
-    assert first_negative(8, low, 64) is None and first_negative(8, low * 0.9, 64) is not None
-
-
-def test_base_bound_command_prints_the_smallest_base(tmp_path):
-    out = subprocess.run([sys.executable, "eval/base_bound.py", "--head_dim", "32", "--lengths", "256",
-                          "--bases", "500,1e4", "--out", str(tmp_path)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert "context 256: smallest base 2.2e+03" in out.stdout and "base 500: B_m < 0 first at m = 103" in out.stdout
-    assert (tmp_path / "base_bound.png").exists() and (tmp_path / "base_bound.json").exists()
-
-
 @pytest.mark.parametrize("args, message", [
     (["--depths", "0,1.5"], "outside [0, 1]"),
     (["--distances", "0,2"], "positive multiples"),
@@ -167,11 +147,6 @@ def test_base_bound_command_prints_the_smallest_base(tmp_path):
 def test_probes_bad_input_is_one_line(tmp_path, args, message):
     out = subprocess.run([sys.executable, "eval/probes.py", str(tmp_path), *args], capture_output=True, text=True)
     assert out.returncode == 1 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
-
-
-def test_base_bound_bad_input_is_one_line():
-    out = subprocess.run([sys.executable, "eval/base_bound.py", "--head_dim", "33"], capture_output=True, text=True)
-    assert out.returncode == 1 and "even head dimension" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_attention_entropy_of_uniform_attention_is_log_of_the_keys_seen():

@@ -5,7 +5,6 @@ import re
 import pytest
 import torch
 
-from eval.base_bound import base_bound_curve, smallest_base
 from model import GPTConfig
 from rope import apply_rope, check_scaling, rope_cos_sin, rope_frequencies
 
@@ -286,41 +285,6 @@ def test_p_rope_unrotated_channels_of_q_k_do_not_depend_on_position(layout, unro
 def test_bad_rope_fraction_is_a_clear_error(fraction, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         rope_frequencies(D, BASE, fraction=fraction)
-
-
-
-def test_base_bound_curve_by_hand():
-    assert base_bound_curve(128, BASE, 10)[0] == 64  # B_0 = d / 2
-    # d = 4, base = 100: theta = [1, 100^(-1/2)] = [1, 0.1], B_10 = cos(10) + cos(1) = -0.2988
-    assert base_bound_curve(4, 100.0, 10)[10].item() == pytest.approx(math.cos(10) + math.cos(1), abs=1e-12)
-    # p-RoPE, half of the 2 pairs rotate: the unrotated low-frequency pair adds cos(0) = 1 at every distance
-    assert base_bound_curve(4, 100.0, 10, fraction=0.5)[10].item() == pytest.approx(math.cos(10) + 1, abs=1e-12)
-
-
-def test_smallest_base_is_a_scan_not_a_bisection():
-    # d = 2: B_m = cos(m) whatever the base; cos(1) > 0 but cos(2) < 0
-    assert smallest_base(2, 1) == 10.0
-    with pytest.raises(ValueError, match="no base in"):
-        smallest_base(2, 2, highest=1e4)
-    # passing bases are not an interval: at d = 128, 3.5e5 keeps B_m >= 0 up to 16384 but 3.6e5 does not
-    assert (base_bound_curve(128, 3.5e5, 16384) >= 0).all() and (base_bound_curve(128, 3.6e5, 16384) < 0).any()
-
-
-@pytest.mark.parametrize("context_len, found, below, paper", [(16384, 3.5e5, 3.4e5, 3.1e5),
-                                                             (32768, 6.3e5, 6.2e5, 6.4e5)])
-def test_smallest_base_for_llama_head_dim(one_thread, context_len, found, below, paper):
-    base = smallest_base(128, context_len)
-    assert base == found
-    assert (base_bound_curve(128, base, context_len)[1:] >= 0).all()
-    assert (base_bound_curve(128, below, context_len)[1:] < 0).any()  # the grid value just below fails
-    assert abs(base / paper - 1) < 0.15  # Men et al.'s Table 2, see below
-
-
-def test_paper_table_values_fail_the_bound_as_defined():
-    # Table 2 reads 16k -> 3.1e5 and 32k -> 6.4e5, but with B_m = sum cos(m base^(-2i/d)) both go negative before
-    # the context length (so the scan returns 3.5e5 and 6.3e5): the table was not made exactly this way
-    for m, base in [(12223, 3.1e5), (27685, 6.4e5)]:
-        assert sum(math.cos(m * base ** (-2 * i / 128)) for i in range(64)) < -0.3
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])

