@@ -1,5 +1,4 @@
-"""
-Training-step throughput of a config on random tokens: tokens/s, TFLOP/s, MFU (where the peak is known)
+"""Training-step throughput of a config on random tokens: tokens/s, TFLOP/s, MFU (where the peak is known)
 and peak memory (no data, checkpoint or wandb); or, with --nanogpt, a karpathy/nanoGPT checkout's model
 beside ours (learned and rope) at one small shape on the CPU, median ms per step over --steps blocks.
 
@@ -35,12 +34,18 @@ def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
         torch.cuda.synchronize()
 
 
+def count(extra, key, default):
+    if not ((text := extra.get(key, str(default))).isdecimal() and int(text) >= 1):
+        raise ValueError(f"--{key}={text} must be an integer >= 1")
+    return int(text)
+
+
 def bench(argv):
     extra = {a.split("=")[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith(OPTIONS)}
     if "nanogpt" in extra:
-        return versus_nanogpt(Path(extra["nanogpt"]), int(extra.get("steps", 15)))
+        return versus_nanogpt(Path(extra["nanogpt"]), count(extra, "steps", 15))
     config = load_config([a for a in argv if not a.startswith(OPTIONS)])
-    vocab_size, steps = int(extra.get("vocab_size", 2048)), int(extra.get("steps", 20))
+    vocab_size, steps = count(extra, "vocab_size", 2048), count(extra, "steps", 20)
     device = pick_device(config["device"])
     device_type = device.split(":")[0]
     dtype, ctx = autocast(config["dtype"], device_type)

@@ -1,12 +1,10 @@
-"""
-What every command needs around the model: CLI helpers, device and dtype, wandb, where data lives,
-atomic writes and checkpoints. Shared by train.py, bench.py, sample.py and eval/; no training loop, no model code.
-"""
+"""What every command needs around the model: CLI helpers, device and dtype, wandb, where data lives, atomic writes
+and checkpoints. Shared by train.py, bench.py, sample.py and eval/; no training loop, no model code."""
 import argparse
 import netrc
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 
 import torch
@@ -60,11 +58,14 @@ def number(text, name, convert, minimum):
 
 def pick_device(name):
     """The device a command runs on: auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps."""
-    if name.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
+    kind, available = name.split(":")[0], dict(cuda=torch.cuda.is_available, mps=torch.backends.mps.is_available)
+    if kind not in ("auto", "cpu", "cuda", "mps"):
         raise ValueError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
-    if name != "auto":
-        return name
-    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if kind in available and not available[kind]():
+        why = "Apple GPUs only" if kind == "mps" else f"torch {torch.__version__} " + (
+            f"(CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build")
+        raise ValueError(f"device={name!r} but this torch has no {kind.upper()}: {why}; use --device=cpu or auto")
+    return name if kind != "auto" else next((k for k, ok in available.items() if ok()), "cpu")
 
 
 def autocast(dtype, device_type):
@@ -106,13 +107,10 @@ def write_atomic(path, write):
 def init_wandb(config, job_type, group):
     """A wandb run that never blocks on a login prompt: online when logged in, else offline."""
     import wandb
-    mode = os.environ.get("WANDB_MODE")
-    if not mode:
-        try:
-            logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
-        except (OSError, netrc.NetrcParseError):
-            logged_in = False
-        mode = "online" if logged_in else "offline"
+    logged_in = False
+    with suppress(OSError, netrc.NetrcParseError):
+        logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
+    mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
     return wandb.init(project=config["wandb_project"], name=f"{config['wandb_run_name']}-{job_type}", group=group,
                       job_type=job_type, config=config, mode=mode)
 
@@ -124,8 +122,9 @@ def load_checkpoint(path, device="cpu"):
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        raise ValueError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {e})") from None
+    except Exception as e:  # torch raises many kinds for a truncated or foreign file, with pages of advice: its first clause
+        why = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:80]
+        raise ValueError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {why})") from None
     if missing := [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]:
         raise ValueError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
     return ckpt

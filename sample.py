@@ -1,13 +1,7 @@
-"""
-Generate text from a trained run with any evaluation method, as far past the training length as you ask.
-
-    python sample.py out/rope_small [--prompt TEXT | --prompt_file PATH] [--method none] [--factor auto|S]
-        [--max_new_tokens 500] [--num_samples 1] [--temperature 0.8] [--top_k 200] [--seed 1337] [--device auto]
-
-The methods get eval/methods.py's forward arguments. The KV cache keeps keys unrotated and re-rotates them at
-every step for the current length: dynamic-ntk is then exact, token t scaled for length t + 1 (causal mode).
-"""
+"""Generate text from a trained run with any evaluation method, as far past the training length as you ask. The KV cache
+re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options: README.md."""
 import sys
+from pathlib import Path
 
 import torch
 
@@ -26,11 +20,10 @@ def parse_args(argv):
     p.add_argument("--method", default="none", help=f"one of {', '.join(METHODS)} (default none)")
     p.add_argument("--factor", default="auto", help="auto ((prompt + new tokens) / training length) or >= 1; "
                    "dynamic-ntk: transformers' extra multiplier a (auto: 1, plain dynamic NTK)")
-    p.add_argument("--max_new_tokens", type=int, default=500)
-    p.add_argument("--num_samples", type=int, default=1)
+    for name, default, text in (("max_new_tokens", 500, "tokens to generate"), ("num_samples", 1, "samples"),
+                                ("top_k", 200, "keep the k most likely tokens (0: all)"), ("seed", 1337, "random seed")):
+        p.add_argument(f"--{name}", type=int, default=default, help=f"{text} (default {default})")
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; --top_k 1 samples greedily")
-    p.add_argument("--top_k", type=int, default=200, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     a = p.parse_args(argv)
     if a.method not in METHODS:
@@ -47,10 +40,7 @@ def parse_args(argv):
         raise ValueError(f"--factor must be auto or a number >= 1, got {a.factor}")
     if a.prompt == "":
         raise ValueError(f"--prompt is empty; leave it out to start a new document ({EOT})")
-    device = pick_device(a.device)
-    if device.split(":")[0] not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N, mps")
-    return dict(vars(a), factor=factor, device=device)
+    return dict(vars(a), factor=factor, device=pick_device(a.device))
 
 
 @torch.no_grad()
@@ -69,16 +59,12 @@ def sample(args):
     model = model_from_checkpoint(ckpt).to(args["device"]).eval()
     cfg = model.config
     enc = gpt2_tokenizer(cfg.vocab_size)  # the run's vocabulary: the data is not needed, only its size
-    text = args["prompt"]
-    if args["prompt_file"]:
-        with open(args["prompt_file"], encoding="utf-8") as f:
-            text = f.read()
-        if not text:
-            raise ValueError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
+    text = Path(args["prompt_file"]).read_text(encoding="utf-8") if args["prompt_file"] else args["prompt"]
+    if args["prompt_file"] and not text:
+        raise ValueError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
-    total = len(prompt) + args["max_new_tokens"]
-    method, train_len = args["method"], original_len(ckpt)
+    total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], original_len(ckpt)
     if reason := unavailable(cfg, method, total):  # before any sampling
         raise ValueError(f"--method {method}: {reason}")
     kwargs = forward_args(method, total, train_len, cfg.block_size, args["factor"])
@@ -88,11 +74,9 @@ def sample(args):
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
     _, ctx = autocast("auto", torch.device(args["device"]).type)
+    new = (args["max_new_tokens"], args["temperature"], args["top_k"] or None)
     with ctx:
-        if truncates(method, cfg.pos_emb):
-            out = generate_truncated(model, idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None)
-        else:
-            out = model.generate(idx, args["max_new_tokens"], args["temperature"], args["top_k"] or None, **kwargs)
+        out = generate_truncated(model, idx, *new) if truncates(method, cfg.pos_emb) else model.generate(idx, *new, **kwargs)
     samples = [(text or "") + enc.decode(row[len(prompt):].tolist()) for row in out]
     print(*samples, sep="\n---------------\n", end="\n---------------\n")
     return samples

@@ -1,11 +1,7 @@
-"""
-Train a small GPT at a short context length.
+"""Train a small GPT at a short context length (keys, checkpoints, fine-tuning: docs/reference.md, "Training").
 
     python train.py configs/rope_small.py [--key=value ...]
     torchrun --standalone --nproc_per_node=8 train.py configs/rope_small.py   # DDP, one node
-
-A config file is plain Python assignments over DEFAULTS below; --key=value overrides it.
-An unknown key, a wrong type or an invalid choice is a one-line error.
 """
 import ast
 import json
@@ -13,46 +9,42 @@ import math
 import os
 import sys
 import time
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, fields
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.dataset import SHAKESPEARE, get_rows, load_meta, load_split
+from data.dataset import get_rows, load_meta, load_split, shakespeare_vocab
 from data.synthetic import copy_rows, mix_copies, random_vocab
 from model import GPT, GPTConfig
 from eval.base_bound import first_negative
+from rope import scaling_type
 from runtime import (autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device,
                      run_cli, write_atomic)
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # vocab_size comes from the data
 
 DEFAULTS = dict(
-    # I/O
     out_dir="out/default",
     init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
-    eval_interval=250, eval_iters=20,  # iterations between evaluations (and checkpoints); batches per evaluation
-    log_interval=25,
-    # wandb: online if logged in, else offline into ./wandb (upload later with `wandb sync`)
-    wandb_log=True, wandb_project="ropelab",
-    wandb_run_name="", wandb_group="",  # defaults: out_dir's name; the run name (a study puts its runs in one group)
-    # data: data/<dataset>/ written by data/<dataset>/prepare.py (or an absolute path to such a folder)
-    dataset="shakespeare",
+    overwrite=False,  # True: a new run replaces the one in out_dir (else that is an error)
+    eval_interval=250, eval_iters=20, log_interval=25,  # iterations between evaluations (and checkpoints); batches per one
+    # wandb: online if logged in, else offline (`wandb sync` later); names default to out_dir's, the group to the run's
+    wandb_log=True, wandb_project="ropelab", wandb_run_name="", wandb_group="",
+    dataset="shakespeare",  # data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder
     batch_size=16, gradient_accumulation_steps=1,  # both per process
-    # synthetic retrieval (data/synthetic.py): this fraction of each batch is replaced by rows of random chunks
-    # (2 .. retrieval_segment tokens), half of them copies of an earlier stretch of the row; every evaluation then
-    # also measures copying (top-1 on a repeated retrieval_segment-token segment inside block_size, held-out text)
-    retrieval_mix=0.0, retrieval_segment=32,
-    retrieval_vocab=0,  # the random tokens are ids 0 .. retrieval_vocab-1 (0: the whole vocabulary but EOT)
+    # this fraction of each batch is synthetic copy rows (data/synthetic.py), of ids < retrieval_vocab (0: all but EOT)
+    retrieval_mix=0.0, retrieval_segment=32, retrieval_vocab=0,
     # model: GPTConfig's fields (model.py) with its defaults; block_size is the training length
     **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},
     # AdamW, linear warmup then cosine decay to min_lr
     learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
     warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,
-    # system
     device="auto",  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     dtype="auto",  # auto (bfloat16 on CUDA if supported, else float32) | float32 | bfloat16 | float16
     compile=False,  # torch.compile the model
@@ -103,7 +95,7 @@ def load_config(argv):
             except Exception as e:  # whatever a config file raises, it is that file's error
                 raise ValueError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
             for key, value in namespace.items():
-                if not key.startswith("_"):
+                if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
@@ -132,22 +124,26 @@ def base_bound_note(cfg, eval_multiple=16):
     """A line when the RoPE base is below Men et al.'s bound (B_m < 0 somewhere) for the training length or
     the lengths the extrapolation evaluates (up to eval_multiple x), else None."""
     L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
-    m = first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction) if cfg.pos_emb == "rope" else None
-    if m is None:
-        return None
-    reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
-    return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: "
-            f"B_m < 0 from distance {m}, head dim {head_dim}"
-            + (f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else "")
-            + f" (python eval/base_bound.py --head_dim {head_dim})")
+    if cfg.pos_emb == "rope" and (m := first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction)):
+        reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
+        fraction = f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else ""
+        return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: B_m < 0 "
+                f"from distance {m}, head dim {head_dim}{fraction} (python eval/base_bound.py --head_dim {head_dim})")
 
 
 def start_checkpoint(config, meta, device):
-    """init_from's checkpoint: out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS may differ)."""
+    """(init_from's checkpoint, origin): out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS
+    may differ). A scaling that needs the original length and lacks it takes origin's (model.py would take block_size)."""
     tune = config["init_from"] != "resume"
     path = config["init_from"] if tune else Path(config["out_dir"])
     ckpt = load_checkpoint(path, device)
-    args = ckpt["model_args"]
+    args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
+    if tune:  # the original training length stays the one the first run was trained at, through chains of fine-tunes
+        origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
+                      train_len=(origin or {}).get("train_len") or args["block_size"])
+    if origin and scaling_type(scaling) in ("dynamic", "yarn", "llama3") and "original_max_position_embeddings" not in scaling:
+        config["rope_scaling"] = {**scaling, "original_max_position_embeddings": origin["train_len"]}
+        print(f"rope_scaling: original_max_position_embeddings={origin['train_len']}, the original training length")
     differ = [f"{k}={args.get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS
               if not (tune and k in FINETUNE_KEYS) and args.get(k) != config[k]]
     if args["vocab_size"] != meta["vocab_size"]:
@@ -158,12 +154,56 @@ def start_checkpoint(config, meta, device):
         raise ValueError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
                          f"may change only {', '.join(FINETUNE_KEYS)}" if tune else
                          f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
-    return ckpt
+    return ckpt, origin
+
+
+def live_pid(lock):
+    """The pid in a lock file if that process is alive and not this one (a restarted container may reuse it), else None."""
+    with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
+        pid = int(lock.read_text())
+        with suppress(PermissionError):  # alive, another user's
+            os.kill(pid, 0)
+        return pid if pid > 0 and pid != os.getpid() else None
+
+
+@contextmanager
+def run_folder(config):
+    """out_dir, made and locked (out_dir/.lock holds the pid; a lock whose process has died is taken over). A run in it
+    is continued with init_from=resume or replaced with overwrite=True, never overwritten by accident."""
+    out_dir, lock = Path(config["out_dir"]), Path(config["out_dir"]) / ".lock"
+    if out_dir.is_file():
+        raise ValueError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if pid := live_pid(lock):
+        raise ValueError(f"out_dir {out_dir} is in use by process {pid} ({lock}): one training per out_dir")
+    lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
+    with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another run took it just now
+        f.write(str(os.getpid()))
+    try:
+        if config["init_from"] != "resume":
+            if (out_dir / "ckpt.pt").exists() and not config["overwrite"]:
+                raise ValueError(f"{out_dir} already holds a run (ckpt.pt): continue it with --init_from=resume, "
+                                 f"or replace it with --overwrite=True")
+            for name in ("ckpt.pt", "log.jsonl"):  # a new run starts its log anew
+                (out_dir / name).unlink(missing_ok=True)
+        yield out_dir
+    finally:
+        lock.unlink(missing_ok=True)
+        with suppress(OSError):
+            out_dir.rmdir()  # only if empty: a run that failed before writing anything leaves no folder
+
+
+def trim_log(path, iter_num):
+    """Keep the log lines up to a resume's checkpoint iter_num, rewritten atomically, so that none is written twice."""
+    def kept(line):
+        with suppress(ValueError, KeyError, TypeError):
+            return json.loads(line)["iter"] <= iter_num
+    text = "".join(line + "\n" for line in path.read_text().splitlines() if kept(line)) if path.exists() else ""
+    write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def inputs_targets(rows, device):
-    rows = torch.from_numpy(rows)
-    return rows[:, :-1].to(device), rows[:, 1:].to(device)
+    return torch.from_numpy(rows[:, :-1]).to(device), torch.from_numpy(rows[:, 1:]).to(device)
 
 
 @torch.no_grad()
@@ -200,123 +240,120 @@ def train(config):
             torch.cuda.set_device(device)
         init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     master = rank == 0
-    device_type = device.split(":")[0]
-    dtype, ctx = autocast(config["dtype"], device_type)
-    torch.manual_seed(config["seed"] + rank)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    with run_folder(config) if master else nullcontext(Path(config["out_dir"])) as out_dir:
+        device_type = device.split(":")[0]
+        dtype, ctx = autocast(config["dtype"], device_type)
+        torch.manual_seed(config["seed"] + rank)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
-    folder = data_dir(config["dataset"])
-    if master and config["dataset"] in SHAKESPEARE and not (folder / "meta.json").exists():  # before the others look
-        print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
-        from data.shakespeare.prepare import prepare_named
-        prepare_named(config["dataset"])
-    if ddp:
-        torch.distributed.barrier()
-    meta = load_meta(folder)
-    splits = {s: load_split(folder, s)[0] for s in ("train", "val")}
-    out_dir = Path(config["out_dir"])
-    rng = np.random.default_rng(config["seed"] + rank)
-    iter_num, best_val_loss, origin = 0, float("inf"), None
-    ckpt = None if config["init_from"] == "scratch" else start_checkpoint(config, meta, device)
-    if config["init_from"] == "resume":
-        iter_num, best_val_loss, origin = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("origin")
-        if master:
-            rng.bit_generator.state = ckpt["rng"]["numpy"]
-            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-        else:  # other processes: a fresh stream, not a replay of what they drew before
-            rng = np.random.default_rng([config["seed"], rank, iter_num])
-        print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
-    elif ckpt is not None:
-        # the original training length stays the one the first run was trained at, through chains of fine-tunes
-        origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
-                      train_len=(ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"])
-        print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
-              f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}")
-
-    gptconf = model_config(config, meta["vocab_size"])
-    model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
-    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                           (config["beta1"], config["beta2"]), device_type)
-    if config["init_from"] == "resume":  # a fine-tune starts a fresh optimizer
-        optimizer.load_state_dict(ckpt["optimizer"])
-    ckpt = None  # free memory
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-    raw_model = model
-    if config["compile"]:
-        model = torch.compile(model)
-    if ddp:
-        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
-
-    gas = config["gradient_accumulation_steps"]
-    copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])  # the ids retrieval rows draw from
-    tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
-    peak = peak_flops(device_type)
-    if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
-              f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
-        if note := base_bound_note(gptconf):
-            print(note)
-    run = (init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
-           if master and config["wandb_log"] else None)
-
-    t0 = time.time()
-    while True:
-        lr = lr_at(iter_num, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
+        folder = data_dir(config["dataset"])
+        if master and shakespeare_vocab(config["dataset"]) and not (folder / "meta.json").exists():  # before the others look
+            print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
+            from data.shakespeare.prepare import prepare
+            prepare(config["dataset"])
+        if ddp:
+            torch.distributed.barrier()
+        meta = load_meta(folder)  # every file checked against meta.json's sha256s
+        splits = {s: load_split(folder, s)[0] for s in ("train", "val")}
+        for s, tokens in splits.items():
+            if len(tokens) <= config["block_size"]:
+                raise ValueError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
+                                 f"({len(tokens)} tokens, a row takes block_size + 1): use block_size <= {len(tokens) - 1}")
+        rng = np.random.default_rng(config["seed"] + rank)
+        iter_num, best_val_loss, logged = 0, float("inf"), -1
+        ckpt, origin = (None, None) if config["init_from"] == "scratch" else start_checkpoint(config, meta, device)
+        if config["init_from"] == "resume":
+            iter_num = logged = ckpt["iter_num"]  # the log holds this iteration's evaluation already
+            best_val_loss = ckpt["best_val_loss"]
             if master:
-                losses = estimate_loss(raw_model, splits, config, ctx, device, copy_vocab)
-                best_val_loss = min(best_val_loss, losses["val"])
-                copy = f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else ""
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
-                with open(out_dir / "log.jsonl", "a") as f:  # the eval curve, readable without wandb
-                    f.write(json.dumps({"iter": iter_num, **losses}) + "\n")
+                rng.bit_generator.state = ckpt["rng"]["numpy"]
+                torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+                trim_log(out_dir / "log.jsonl", iter_num)
+            else:  # other processes: a fresh stream, not a replay of what they drew before
+                rng = np.random.default_rng([config["seed"], rank, iter_num])
+            print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
+        elif ckpt is not None:
+            print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
+                  f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}")
+
+        gptconf = model_config(config, meta["vocab_size"])
+        model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
+        optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
+                                               (config["beta1"], config["beta2"]), device_type)
+        if config["init_from"] == "resume":  # a fine-tune starts a fresh optimizer
+            optimizer.load_state_dict(ckpt["optimizer"])
+        ckpt = None  # free memory
+        scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+        raw_model, model = model, torch.compile(model) if config["compile"] else model
+        if ddp:
+            model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+
+        gas = config["gradient_accumulation_steps"]
+        copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])  # the ids retrieval rows draw from
+        tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
+        peak = peak_flops(device_type)
+        if master:
+            print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
+                  f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
+            if note := base_bound_note(gptconf):
+                print(note)
+        run = (init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
+               if master and config["wandb_log"] else None)
+
+        t0 = time.time()
+        while True:
+            lr = lr_at(iter_num, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
+                if master:
+                    losses = estimate_loss(raw_model, splits, config, ctx, device, copy_vocab)
+                    best_val_loss = min(best_val_loss, losses["val"])
+                    copy = f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else ""
+                    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
+                    if iter_num > logged:  # the eval curve, readable without wandb
+                        with open(out_dir / "log.jsonl", "a") as f:
+                            f.write(json.dumps({"iter": iter_num, **losses}) + "\n")
+                    if run:
+                        run.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in splits else f"val/{k}": v for k, v in losses.items()}})
+                    if iter_num > 0:
+                        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                                 "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
+                                 "origin": origin, "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
+                                 "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}}
+                        write_atomic(out_dir / "ckpt.pt", lambda f: torch.save(state, f))
+                t0 = time.time()  # evaluation time is not training throughput
+            if iter_num >= config["max_iters"]:
+                break
+            for micro in range(gas):
+                if ddp:  # all-reduce gradients on the last micro step only
+                    model.require_backward_grad_sync = micro == gas - 1
+                rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
+                if config["retrieval_mix"]:
+                    mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], copy_vocab)
+                x, y = inputs_targets(rows, device)
+                with ctx:
+                    _, loss = model(x, y)
+                    loss = loss / gas
+                scaler.scale(loss).backward()
+            if config["grad_clip"]:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+            if iter_num % config["log_interval"] == 0 and master:
+                if device_type == "cuda":
+                    torch.cuda.synchronize()
+                tok_s, t0 = tokens_per_iter * config["log_interval"] / (time.time() - t0), time.time()
+                flops = raw_model.flops_per_token(config["block_size"]) * tok_s
+                print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
+                      f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * flops / peak:.1f}%" if peak else ""))
                 if run:
-                    run.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in splits else f"val/{k}": v for k, v in losses.items()}})
-                if iter_num > 0:
-                    state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                             "origin": origin, "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
-                             "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}}
-                    write_atomic(out_dir / "ckpt.pt", lambda f: torch.save(state, f))
-            t0 = time.time()  # evaluation time is not training throughput
-        if iter_num >= config["max_iters"]:
-            break
-        for micro in range(gas):
-            if ddp:  # all-reduce gradients on the last micro step only
-                model.require_backward_grad_sync = micro == gas - 1
-            rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
-            if config["retrieval_mix"]:
-                mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], copy_vocab)
-            x, y = inputs_targets(rows, device)
-            with ctx:
-                _, loss = model(x, y)
-                loss = loss / gas
-            scaler.scale(loss).backward()
-        if config["grad_clip"]:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        iter_num += 1
-        if iter_num % config["log_interval"] == 0 and master:
-            if device_type == "cuda":
-                torch.cuda.synchronize()
-            dt = (time.time() - t0) / config["log_interval"]
-            t0 = time.time()
-            tok_s = tokens_per_iter / dt
-            flops = raw_model.flops_per_token(config["block_size"]) * tok_s
-            mfu = f", mfu {100 * flops / peak:.1f}%" if peak else ""
-            print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
-                  f"{flops / 1e12:.2f} TFLOP/s{mfu}")
-            if run:
-                run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
-    if run:
-        run.finish()
+                    run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
+        if run:
+            run.finish()
     if ddp:
         destroy_process_group()
 

@@ -1,4 +1,3 @@
-# The small CPU experiment (the defaults in train.py) with learned positions.
-# The four *_small configs differ only in pos_emb, so their runs compare position encodings alone.
-out_dir = "out/learned_small"
-pos_emb = "learned"
+# The small CPU experiment (the defaults in train.py) with learned positions. The *_small configs differ
+# only in their position encoding, so their runs compare position encodings alone.
+out_dir, pos_emb = "out/learned_small", "learned"

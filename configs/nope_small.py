@@ -1,4 +1,3 @@
-# The small CPU experiment (the defaults in train.py) with no positions at all (NoPE).
-# The four *_small configs differ only in pos_emb, so their runs compare position encodings alone.
-out_dir = "out/nope_small"
-pos_emb = "none"
+# The small CPU experiment (the defaults in train.py) with no positions at all (NoPE). The *_small configs differ
+# only in their position encoding, so their runs compare position encodings alone.
+out_dir, pos_emb = "out/nope_small", "none"

@@ -1,5 +1,3 @@
-# The base sweep of the RoPE base bound (Men et al. 2024; README, "The RoPE base bound"): rope_small with
-# rope_base 1e6. With head dim 32, B_m first falls below 0 at distance 3478;
-# rope_small (base 1e4) is the sweep's fourth point, at 474.
-out_dir = "out/rope_base1e6"
-pos_emb, rope_base = "rope", 1e6
+# rope_small at rope_base 1e6, a point of the sweep of the RoPE base bound (Men et al. 2024; rope_small, base 1e4,
+# is another): with head dim 32, B_m first falls below 0 at distance 3478 (rope_small: 474).
+out_dir, pos_emb, rope_base = "out/rope_base1e6", "rope", 1e6

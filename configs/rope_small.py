@@ -1,4 +1,3 @@
-# The small CPU experiment (the defaults in train.py) with rope positions.
-# The four *_small configs differ only in pos_emb, so their runs compare position encodings alone.
-out_dir = "out/rope_small"
-pos_emb = "rope"
+# The small CPU experiment (the defaults in train.py) with RoPE. The *_small configs differ
+# only in their position encoding, so their runs compare position encodings alone.
+out_dir, pos_emb = "out/rope_small", "rope"

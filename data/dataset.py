@@ -1,21 +1,12 @@
-"""
-The prepared-dataset format, written by the data/<corpus>/prepare.py scripts and read here for
-training batches and evaluation windows.
-
-A prepared dataset directory holds:
-  train.bin, val.bin            uint16 tokens: documents concatenated, each followed by one EOT
-  train_docs.npy, val_docs.npy  int64 (n_docs, 2): [start, end) of each document's tokens (EOT excluded)
-  meta.json                     tokenizer, splits (tokens, documents, and their names for a corpus of
-                                named files), source, sizes + sha256 of every file above
-
-meta.json is written last: with it present and every checksum matching, the output is complete.
-"""
+"""The prepared-dataset format (docs/reference.md, "Data"), written by the data/<corpus>/prepare.py scripts and
+read here, checked against meta.json's sizes and sha256s, for training batches and evaluation windows."""
 import hashlib
 import json
 import os
 import time
 from array import array
 from collections import deque
+from contextlib import suppress
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,10 +17,12 @@ from data.tokenizer import gpt2_tokenizer
 from runtime import synced, write_atomic
 
 SPLITS = ("train", "val")
+DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
 # GPT-2 BPE cut to its first 2047 merges + EOT: the output layer is the costliest part of a small
 # model on a CPU, and 2048 was ~2x faster than 8192 for the small configs (README)
 VOCAB_SIZE = 2048
-SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's, by vocabulary
+SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's; else shakespeare_v<N>
+VERIFY_ONCE_BYTES = 1 << 30  # a file larger than this is hashed once, then trusted while its size and mtime stay
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
 
 
@@ -80,8 +73,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     out_dir = Path(out_dir)
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy")]
-    tmp = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in names}  # same folder: renames are atomic
+    tmp = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in DATA_FILES}  # same folder: renames are atomic
     stats = {s: {"tokens": 0, "sha256": hashlib.sha256(), "bounds": array("q"), "names": []} for s in SPLITS}
     try:
         start = time.time()
@@ -135,10 +127,10 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     return meta
 
 
-def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=None, workers=1):
-    """write_documents for {name: text} (a small corpus, in memory), split exactly by split_documents."""
-    train, val = split_documents(docs, val_fraction, seed)
-    stream = [("train", name, docs[name]) for name in train] + [("val", name, docs[name]) for name in val]
+def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=None, workers=1, read=str):
+    """write_documents for {name: text} (or {name: x}, read(x) its text), split exactly by split_documents."""
+    split = dict(zip(SPLITS, split_documents(docs, val_fraction, seed)))
+    stream = ((s, name, read(docs[name])) for s in SPLITS for name in split[s])
     return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True)
 
 
@@ -150,56 +142,68 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def is_prepared(out_dir, vocab_size=None, source=None):
-    """True iff out_dir holds a complete, uncorrupted dataset (matching vocab_size / source if given)."""
-    out_dir = Path(out_dir)
-    try:
-        meta = json.loads((out_dir / "meta.json").read_text())
-        files = meta["files"]
-        # source compared through JSON so e.g. tuples vs lists or int keys don't cause false mismatches
-        return ((vocab_size is None or meta["vocab_size"] == vocab_size)
-                and (source is None or meta["source"] == json.loads(json.dumps(source)))
-                and all(f"{s}.bin" in files and f"{s}_docs.npy" in files for s in SPLITS)
-                and all((out_dir / name).is_file() and (out_dir / name).stat().st_size == info["bytes"]
-                        and file_sha256(out_dir / name) == info["sha256"] for name, info in files.items()))
-    except (OSError, ValueError, KeyError, TypeError):  # missing / unreadable / malformed meta.json
-        return False
+def is_prepared(out_dir, **expected):
+    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any)."""
+    with suppress(OSError, ValueError):  # compared through JSON: tuples vs lists or int keys are no mismatch
+        meta = load_meta(out_dir)
+        return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
+    return False
+
+
+def shakespeare_vocab(name):
+    """The vocabulary of data/<name> when data/shakespeare/prepare.py writes it, else None."""
+    v = name.removeprefix("shakespeare_v")
+    return SHAKESPEARE.get(name) or (int(v) if v != name and v.isdecimal() else None)
 
 
 def prepare_command(data_dir):
     """The command that (re)creates data_dir, for error messages."""
     name = Path(data_dir).name
-    if name in SHAKESPEARE:
-        return "python data/shakespeare/prepare.py" + (" --bytes" if name == "shakespeare_bytes" else "")
+    if vocab := shakespeare_vocab(name):
+        return "python data/shakespeare/prepare.py" + {VOCAB_SIZE: "", 257: " --bytes"}.get(vocab, f" --vocab_size {vocab}")
     return f"python data/text/prepare.py <source> --name {name}"
 
 
-def load_meta(data_dir):
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
+def load_meta(data_dir, verify=True):
+    """meta.json, and (verify) every data file checked against its size and sha256; a damaged one is one line naming it.
+    Files over VERIFY_ONCE_BYTES are hashed once, then trusted while size and mtime match the stamp verified.json."""
+    folder, fix = Path(data_dir), f"re-prepare it: {prepare_command(data_dir)}"
+    if not (folder / "meta.json").is_file():
         raise FileNotFoundError(f"no prepared data in {data_dir} (missing meta.json); run: {prepare_command(data_dir)}")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
+        raise ValueError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+    stamp, stamps, fresh = folder / "verified.json", {}, {}
+    with suppress(OSError, ValueError, TypeError):
+        stamps = dict(json.loads(stamp.read_text()))
+    for name, (size, sha) in files.items():
+        path = folder / name
+        actual = path.stat() if path.is_file() else None
+        if not actual or actual.st_size != size:
+            raise ValueError(f"{path} {f'has {actual.st_size} bytes, meta.json says {size}' if actual else 'is missing'}; {fix}")
+        key = [size, actual.st_mtime_ns, sha]
+        if verify and not (size > VERIFY_ONCE_BYTES and stamps.get(name) == key) and file_sha256(path) != sha:
+            raise ValueError(f"{path} is damaged: its sha256 is not meta.json's; {fix}")
+        fresh.update({name: key} if verify and size > VERIFY_ONCE_BYTES else {})
+    if fresh and fresh != stamps:
+        with suppress(OSError):  # a read-only data folder is verified each time
+            write_atomic(stamp, lambda f: f.write(json.dumps(fresh).encode()))
+    return meta
 
 
 def load_split(data_dir, split):
-    """(uint16 memmap of the split's tokens, int64 (n_docs, 2) document bounds)."""
+    """(uint16 memmap of the split's tokens, int64 (n_docs, 2) document bounds), after a size check (load_meta verifies)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not allowed; use one of {SPLITS}")
-    bin_path = Path(data_dir) / f"{split}.bin"
-    # a cheap size check (no hashing) catches missing or truncated files before they give odd batches
-    expected = load_meta(data_dir)["files"][f"{split}.bin"]["bytes"]
-    actual = bin_path.stat().st_size if bin_path.is_file() else None
-    if actual != expected:
-        raise ValueError(f"{bin_path} has {actual} bytes, meta.json says {expected}; re-run: {prepare_command(data_dir)}")
-    return np.memmap(bin_path, dtype=np.uint16, mode="r"), np.load(Path(data_dir) / f"{split}_docs.npy")
+    load_meta(data_dir, verify=False)
+    return np.memmap(Path(data_dir) / f"{split}.bin", dtype=np.uint16, mode="r"), np.load(Path(data_dir) / f"{split}_docs.npy")
 
 
 def get_rows(tokens, batch_size, block_size, rng):
-    """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing documents at EOTs."""
-    n = len(tokens)
-    if n < block_size + 1:
-        raise ValueError(f"split has {n} tokens, fewer than block_size+1={block_size + 1}; use a smaller block_size or more data")
-    ix = rng.integers(0, n - block_size, size=batch_size)  # high is exclusive: the last target is tokens[n-1]
+    """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing EOTs; len(tokens) > T."""
+    ix = rng.integers(0, len(tokens) - block_size, size=batch_size)  # high is exclusive: the last target is the last token
     return np.stack([tokens[i:i + block_size + 1] for i in ix]).astype(np.int64)
 
 

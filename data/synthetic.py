@@ -1,8 +1,6 @@
-"""
-Synthetic retrieval sequences: a segment of random tokens planted in text and repeated `distance` tokens
+"""Synthetic retrieval sequences: a segment of random tokens planted in text and repeated `distance` tokens
 later. Mixed into training batches (train.py's retrieval_mix) they teach a small model to copy (an
-induction head), and the probes in eval/probes.py use the same generator to ask how far it still copies.
-"""
+induction head), and the probes in eval/probes.py use the same generator to ask how far it still copies."""
 import numpy as np
 
 

@@ -1,9 +1,7 @@
-"""
-Offline GPT-2 BPE tokenizer (tiktoken), optionally restricted to the first ranks.
+"""Offline GPT-2 BPE tokenizer (tiktoken), optionally restricted to the first ranks.
 
 The GPT-2 ranks ship with the repo (data/gpt2.tiktoken): nothing is fetched at run time. Keeping only
-ranks < K is still a valid GPT-2 BPE: a merged token's two parts have lower ranks, so they survive the cut.
-"""
+ranks < K is still a valid GPT-2 BPE: a merged token's two parts have lower ranks, so they survive the cut."""
 import base64
 import functools
 import hashlib

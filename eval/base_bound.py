@@ -1,14 +1,6 @@
-"""
-The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length"): the smallest
-base whose B_m = sum_i cos(m * base^(-2i/d)) stays >= 0 for every distance m up to a context length.
-
-    python eval/base_bound.py --head_dim 128 --lengths 1024,16384,32768      # the smallest bases
-    python eval/base_bound.py --head_dim 32 --lengths 4096 --bases 500,1e4,1e5,1e6 [--out DIR]
-
-Prints, per length, the smallest passing base of the two-significant-digit grid, and per --bases entry the
-first distance where B_m < 0; with --bases it also plots B_m against m (base_bound.png) and writes the numbers
-(base_bound.json) into --out (default: the current folder).
-"""
+"""The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length"): the smallest base whose
+B_m = sum_i cos(m * base^(-2i/d)) stays >= 0 for every distance m up to a context length; with --bases it also writes
+base_bound.{json,png} (B_m against m) into --out (default: the current folder)."""
 import itertools
 import json
 import math
@@ -17,14 +9,13 @@ from pathlib import Path
 
 import torch
 
-from eval.report import pyplot, save
+from eval.report import png, pyplot, write_all
 from rope import default_inv_freq, rotating_pairs
 from runtime import arg_parser, number, parse_list, run_cli
 
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
-    """B_m for m = start .. max_len, float64; B_0 = head_dim / 2. fraction (p-RoPE): only the highest
-    round(fraction * d/2) pairs rotate; each unrotated one adds cos(0) = 1."""
+    """B_m for m = start .. max_len (float64); fraction (p-RoPE): only the highest pairs rotate, each other one adds 1."""
     # the expected score gap between a key similar to the query and a random one at distance m is
     # proportional to B_m, so B_m < 0 means attention no longer prefers the similar token at that distance
     m = torch.arange(start, max_len + 1, dtype=torch.float64)
@@ -44,9 +35,8 @@ def first_negative(head_dim, base, max_len, fraction=None):
 
 
 def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
-    """The first base of the grid lowest, ..., 9.9e1, 1.0e2, 1.1e2, ... (two significant digits, Table 2's resolution)
-    with B_m >= 0 for m in 1 .. context_len: an upward scan, not a bisection, as the passing bases are no interval
-    (B_m oscillates in the base). At head dim 128: 3.5e5 (16k) and 6.3e5 (32k); Table 2's 3.1e5 and 6.4e5 fail."""
+    """The first base of the two-significant-digit grid (Table 2's resolution) from lowest with B_m >= 0 for m in
+    1 .. context_len: an upward scan, as the passing bases are no interval (docs/methodology.md, the base bound)."""
     exponent = math.floor(math.log10(lowest)) - 1
     for base in (float(f"{m}e{e}") for e in itertools.count(exponent) for m in range(10, 100)):
         if base > highest:
@@ -73,36 +63,32 @@ def parse_args(argv):
     return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out))
 
 
-def plot(head_dim, bases, max_len, path):
+def plot(head_dim, bases, max_len):
     fig, ax = pyplot().subplots(figsize=(8, 4))
     for i, base in enumerate(bases):
-        ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy(), lw=1, color=f"C{i}",
-                label=f"base {base:g}")
+        ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy(), lw=1, color=f"C{i}", label=f"base {base:g}")
         if m := first_negative(head_dim, base, max_len):
             ax.axvline(m, color=f"C{i}", ls=":", lw=1)
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xscale="log", xlabel="relative distance m", ylabel="B_m", title=f"Men et al.'s B_m, head dim {head_dim}; "
            "dotted: first m with B_m < 0")
     ax.legend(fontsize=8)
-    save(fig, path)
+    return png(fig)
 
 
 def base_bound(args):
     d, lengths = args["head_dim"], args["lengths"]
     smallest = {L: smallest_base(d, L) for L in lengths}
-    for L, b in smallest.items():
-        print(f"head dim {d}, context {L}: smallest base {b:.2g} (two significant digits)")
+    print(*(f"head dim {d}, context {L}: smallest base {b:.2g} (two significant digits)" for L, b in smallest.items()), sep="\n")
     if not args["bases"]:
         return smallest
     max_len = max(lengths)
     fails = {b: first_negative(d, b, max_len) for b in args["bases"]}
-    for b, m in fails.items():
-        print(f"base {b:g}: " + (f"B_m < 0 first at m = {m}" if m else f"B_m >= 0 up to m = {max_len}"))
-    args["out"].mkdir(parents=True, exist_ok=True)
+    print(*(f"base {b:g}: " + (f"B_m < 0 first at m = {m}" if m else f"B_m >= 0 up to m = {max_len}")
+            for b, m in fails.items()), sep="\n")
     report = dict(head_dim=d, smallest_base={str(L): b for L, b in smallest.items()},
                   first_negative={f"{b:g}": m for b, m in fails.items()}, max_len=max_len)
-    (args["out"] / "base_bound.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(d, args["bases"], max_len, args["out"] / "base_bound.png")
+    write_all(args["out"], {"base_bound.png": plot(d, args["bases"], max_len), "base_bound.json": json.dumps(report, indent=1) + "\n"})
     print(f"-> {args['out']}/base_bound.{{json,png}}")
     return report
 

@@ -1,24 +1,18 @@
-"""
-Compare runs evaluated by eval/extrapolate.py: one figure and one markdown table across runs.
-
-    python eval/compare.py out/rope_small out/sinusoidal_small out/learned_small [--out out/compare]
-        [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]
-
-Writes PREFIX.png (the metric against eval length, log2 x-axis, one panel per run, one line per method (mode))
-and PREFIX.md (the metric at each eval length, "n/a" where not available), and prints the table.
-"""
+"""Compare runs evaluated by eval/extrapolate.py, one figure and one markdown table across runs:
+`python eval/compare.py RUN_DIR... [--out out/compare] [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]`."""
 import json
 import sys
 from pathlib import Path
 
-from eval.report import fmt, label, line_style, panels, pyplot, save
+from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
 from runtime import arg_parser, run_cli
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
 
 
-def load_report(run_dir):
+def load_report(run_dir, protocol=None):
+    """A run's extrapolation.json; an error if it is missing, broken, empty or (protocol given) has none of its entries."""
     path = Path(run_dir) / "extrapolation.json"
     if not path.is_file():
         raise FileNotFoundError(f"no {path}; evaluate the run first: python eval/extrapolate.py {run_dir}")
@@ -29,6 +23,8 @@ def load_report(run_dir):
         raise ValueError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
     if missing:
         raise ValueError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
+    if not any(protocol in (None, r["protocol"]) for r in report["results"]):
+        raise ValueError(f"{path} has no {protocol or 'evaluation'} results; re-run eval/extrapolate.py {run_dir}")
     return report
 
 
@@ -50,37 +46,33 @@ def markdown(reports, metric, protocol):
             + "\n".join(["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head), *body]) + "\n")
 
 
-def plot(reports, metric, protocol, path):
-    """One panel per run (three a row, shared axes), one line per method (mode), its colour the same in every panel."""
+def plot(reports, metric, protocol):
+    """PNG bytes: one panel per run (three a row, shared axes), one line per method (mode), the same colour in every panel."""
     names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
     fig, places = panels(pyplot(), len(reports), 3, 1, (5, 4), sharex=True, sharey=True)
     for (ax,), rep in zip(places, reports):
         for name in names:
-            points = sorted((r["eval_len"] / rep["train_len"], r[metric]) for r in rep["results"]
-                            if r["protocol"] == protocol and label(r) == name and r[metric] is not None)
-            if points:
+            if points := sorted((r["eval_len"] / rep["train_len"], r[metric]) for r in rep["results"]
+                                if r["protocol"] == protocol and label(r) == name and r[metric] is not None):
                 ax.plot(*zip(*points), marker="o", ms=3, lw=1.2, label=name, **line_style(name, names.index(name)))
         ax.set(title=rep["run"], xlabel="eval length / training length", ylabel=metric.replace("_", " "))
         ax.legend(fontsize=7, ncol=2)
-    ax = places[0][0]
+    ax, ticks = places[0][0], lines(reports, protocol)[1]
     ax.set_xscale("log", base=2)
-    ticks = lines(reports, protocol)[1]
     ax.set_xticks(ticks, [f"{m:g}x" for m in ticks])
     ax.minorticks_off()
     ax.set_yscale("log")
     fig.suptitle(f"{metric.replace('_', ' ')} against eval length, {protocol} protocol")
-    save(fig, path)
+    return png(fig)
 
 
 def compare(run_dirs, out, metric, protocol):
     for name, value, allowed in (("metric", metric, METRICS), ("protocol", protocol, PROTOCOLS)):
         if value not in allowed:
             raise ValueError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
-    reports = [load_report(d) for d in run_dirs]
-    Path(out).parent.mkdir(parents=True, exist_ok=True)  # out: a prefix
-    table = markdown(reports, metric, protocol)
-    Path(f"{out}.md").write_text(table)
-    plot(reports, metric, protocol, f"{out}.png")
+    reports = [load_report(d, protocol) for d in run_dirs]  # a run with nothing to compare is an error, not a gap
+    table, out = markdown(reports, metric, protocol), Path(out)  # out: a prefix
+    write_all(out.parent, {f"{out.name}.png": plot(reports, metric, protocol), f"{out.name}.md": table})
     print(table + f"-> {out}.md, {out}.png")
 
 

@@ -1,15 +1,9 @@
-"""
-Training curves of one or more runs, from the log.jsonl that train.py appends at every evaluation.
-
-    python eval/curves.py out/run_a out/run_b [...] [--out curves.png]
-
-Plots the validation loss and, for runs trained with retrieval_mix, the copy top-1 accuracy (a random
-segment repeated inside the training length, in held-out text) against the iteration. No torch needed.
-"""
+"""Training curves of runs from the log.jsonl train.py appends at every evaluation: the validation loss and, for runs
+trained with retrieval_mix, the copy top-1 inside the training length: `python eval/curves.py RUN_DIR... [--out curves.png]`."""
 import json
 from pathlib import Path
 
-from eval.report import pyplot, save
+from eval.report import png, pyplot, write_all
 from runtime import arg_parser, run_cli
 
 YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
@@ -19,7 +13,9 @@ def read_log(run_dir):
     path = Path(run_dir) / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no training log at {path}; train.py writes it at every evaluation")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not (log := [json.loads(line) for line in path.read_text().splitlines() if line.strip()]):
+        raise ValueError(f"{path} is empty: no evaluation logged yet; train.py appends one every eval_interval iterations")
+    return log
 
 
 def curves(args):
@@ -28,15 +24,13 @@ def curves(args):
     fig, axes = pyplot().subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for name, log in logs.items():
-            points = [(e["iter"], e[metric]) for e in log if metric in e]
-            if points:
+            if points := [(e["iter"], e[metric]) for e in log if metric in e]:
                 ax.plot(*zip(*points), marker=".", label=name)
         ax.set(xlabel="iteration", ylabel=YLABELS[metric])
         ax.legend(fontsize=8)
-    save(fig, args.out)
-    for name, log in logs.items():
-        print(f"{name}: iter {log[-1]['iter']}, " + ", ".join(f"{m} {log[-1][m]:.4f}" for m in metrics if m in log[-1]))
-    print(f"-> {args.out}")
+    write_all(Path(args.out).parent, {Path(args.out).name: png(fig)})
+    print(*(f"{name}: iter {log[-1]['iter']}, " + ", ".join(f"{m} {log[-1][m]:.4f}" for m in metrics if m in log[-1])
+            for name, log in logs.items()), f"-> {args.out}", sep="\n")
 
 
 if __name__ == "__main__":

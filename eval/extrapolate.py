@@ -1,18 +1,8 @@
-"""
-Loss by token position at and past the training length, with RoPE scaling applied at inference.
-
-    python eval/extrapolate.py out/rope_small [--lengths 1,2,4,8,16] [--methods none,crop,pi,...] [--tokens N] [--out DIR]
-        [--protocols windows,sliding] [--stride half|S] [--bins linear|log] [--factor auto|S] [--dynamic_factor A]
-        [--dynamic_modes sequence[,causal]] [--seed 0] [--device auto|cpu|cuda] [--wandb_log true|false | --no-wandb]
-
-Writes extrapolation.json (everything, incl. binned per-position curves and paired differences), extrapolation.csv
-(a summary row per entry) and extrapolation.png into RUN_DIR (or --out); wandb if on. See docs/methodology.md.
-"""
+"""Loss by token position at and past the training length, with RoPE scaling applied at inference; writes
+extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options: README.md; outputs: docs/reference.md."""
 import sys
 from pathlib import Path
 
-import csv
-import json
 import math
 import time
 
@@ -20,7 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.dataset import doc_windows, load_split
-from eval.report import fmt, label, line_style, panels, pyplot
+from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
 from eval import methods
 from eval.methods import METHODS, forward_args, method_factor, original_len, truncates
 from eval.score import load_run, score_sliding, score_windows
@@ -37,42 +27,40 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
 def parse_args(argv):
     p = arg_parser(__doc__)
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
-    p.add_argument("--lengths", default="1,2,4,8,16", help="multiples of the training length (default 1,2,4,8,16)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"(default {','.join(METHODS)})")
-    p.add_argument("--protocols", default=",".join(PROTOCOLS), help="windows (from position 0), sliding (each token once)")
-    p.add_argument("--stride", default="half", help="sliding protocol's stride: half (of each length) or a number of tokens")
-    p.add_argument("--tokens", default="16384", help="scored tokens per length and protocol (default 16384)")
-    p.add_argument("--bins", default="linear", help="position bins of the curves: linear (2%% of the length) or log")
-    p.add_argument("--factor", default="auto", help="auto: eval_len / train_len at each length; or one number >= 1 for all")
-    p.add_argument("--dynamic_factor", default="1", help="dynamic-ntk's extra NTK multiplier a (transformers' factor; 1 = plain)")
-    p.add_argument("--dynamic_modes", default="sequence", help="sequence (one forward; default), causal (exact, O(T^2))")
-    p.add_argument("--key_threshold", default="2", help="key tokens (LongPPL): NLL below crop's by more nats (default 2)")
-    p.add_argument("--seed", default="0", help="seed of the window choice (default 0)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    for name, default, text in (
+            ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(METHODS), "eval/methods.py's"),
+            ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
+            ("stride", "half", "the sliding protocol's stride: half of each length, or tokens"),
+            ("tokens", "16384", "scored tokens per length and protocol"), ("bins", "linear", "position bins: linear or log"),
+            ("factor", "auto", "auto (eval length / training length) or one number >= 1 for every length"),
+            ("dynamic_factor", "1", "dynamic-ntk's extra NTK multiplier a (1: plain dynamic NTK)"),
+            ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
+            ("key_threshold", "2", "key tokens: where a method beats crop by more than this many nats"),
+            ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+        p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
     p.add_argument("--wandb_log", default=None, help="true | false (default: the run's own wandb_log)")
     p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="same as --wandb_log false")
     a = p.parse_args(argv)
     args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device),
                 options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
-                methods=parse_list(a.methods, "methods", str, METHODS),
-                protocols=parse_list(a.protocols, "protocols", str, PROTOCOLS),
-                dynamic_modes=parse_list(a.dynamic_modes, "dynamic_modes", str, DYNAMIC_MODES),
+                **{k: parse_list(getattr(a, k), k, str, allowed) for k, allowed in
+                   (("methods", METHODS), ("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
                 lengths=parse_list(a.lengths, "lengths", float))
     if any(m <= 0 for m in args["lengths"]):
         raise ValueError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
+    if "windows" not in args["protocols"]:
+        raise ValueError("--protocols sliding alone draws no extrapolation.png (it plots the windows protocol): "
+                         "use --protocols windows,sliding")
     if a.bins not in BINS:
         raise ValueError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
-    args.update(bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
-                tokens=number(a.tokens, "tokens", int, 1),
-                factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
-                dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1), seed=number(a.seed, "seed", int, 0),
-                key_threshold=number(a.key_threshold, "key_threshold", float, 0))
-    if args["device"].split(":")[0] not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device {a.device!r} is not one of: auto, cpu, cuda, cuda:N")
     if a.wandb_log is not None and a.wandb_log.lower() not in ("true", "false"):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
-    return dict(args, wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
+    return dict(args, bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
+                tokens=number(a.tokens, "tokens", int, 1), factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
+                dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1), seed=number(a.seed, "seed", int, 0),
+                key_threshold=number(a.key_threshold, "key_threshold", float, 0),
+                wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
 
 
 def unavailable(config, method, protocol, eval_len):
@@ -95,8 +83,7 @@ def choose_units(docs, protocol, eval_len, tokens, seed):
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs):
     """(NLL [units, n], window position of every scored target [units, n])."""
     if protocol == "sliding":
-        scored = [score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts]
-        return np.stack([a for a, _ in scored]), np.stack([p for _, p in scored])
+        return tuple(map(np.stack, zip(*(score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts))))
     L = model.config.block_size
     # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1 to L
     # tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
@@ -119,16 +106,10 @@ def bin_edges(eval_len, bins):
     return np.arange(0, eval_len // size * size + 1, size)
 
 
-def binned(nll, edges):
-    """(bin centres, mean per bin, standard error over units per bin) of a [units, positions] array."""
-    per_unit = np.stack([nll[:, a:b].mean(axis=1) for a, b in zip(edges[:-1], edges[1:])], axis=1)
-    mean = per_unit.mean(axis=0)
-    err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(nll)) if len(nll) > 1 else np.zeros_like(mean)
-    return (edges[:-1] + edges[1:] - 1) / 2, mean, err
-
-
 def summarize(nll, pos, train_len):
-    """Loss fields of one entry from its NLL [units, n] and each target's position in its window."""
+    """Loss fields of one entry from its NLL [units, n] and each target's position in its window (None: all None)."""
+    if nll is None:
+        return dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr"))
     loss, stderr = mean_stderr(nll.mean(axis=1))
     beyond = float(nll[pos >= train_len].mean()) if (pos >= train_len).any() else None
     return dict(loss=loss, ppl=math.exp(loss), loss_beyond_train=beyond,
@@ -136,37 +117,46 @@ def summarize(nll, pos, train_len):
 
 
 def curves(nll, ref, edges):
-    """Binned loss by position, with its band and the paired difference to `none`, for the plot and JSON."""
-    x, y, err = binned(nll, edges)
-    out = dict(x=x.tolist(), loss=y.round(6).tolist(), stderr=err.round(6).tolist())
+    """Binned loss by position with its band (standard error over units), and the paired difference to `none`."""
+    def binned(a):
+        per_unit = np.stack([a[:, lo:hi].mean(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
+        err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(per_unit.shape[1])
+        return per_unit.mean(axis=0).round(6).tolist(), err.round(6).tolist()
+    y, err = binned(nll)
+    out = dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), loss=y, stderr=err)
     if ref is not None:
-        _, d, derr = binned(nll - ref, edges)
-        out.update(diff_none=d.round(6).tolist(), diff_none_stderr=derr.round(6).tolist())
+        out["diff_none"], out["diff_none_stderr"] = binned(nll - ref)
     return out
 
 
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
-    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["seed"]) for p in args["protocols"] for T in eval_lens}
-    scored, results = {}, []  # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
+    if min(eval_lens) < 1:
+        raise ValueError(f"--lengths {min(args['lengths']):g} is under one token at training length {train_len}; "
+                         "use a larger multiple")
+    # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
             ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
-    for protocol, T, method, mode in tqdm(grid, desc="extrapolate", unit="eval"):
+    reasons = [unavailable(model.config, m, p, T) for p, T, m, _ in grid]
+    if all(reasons):  # asked for nothing that can be scored: say so before anything is computed or written
+        raise ValueError(f"nothing to evaluate: {grid[0][2]} at {grid[0][1]} tokens: {reasons[0]}")
+    if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
+        raise ValueError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
+                         f"use a stride <= {min(eval_lens)}")
+    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["seed"]) for p in args["protocols"] for T in eval_lens}
+    scored, results = {}, []
+    for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
         factor = method_factor(method, T, train_len, args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"])
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
-        if stride is not None and stride > T:
-            raise ValueError(f"--stride {stride} is longer than the evaluation length {T}; use a stride <= {T}")
         kwargs = dict(forward_args(method, T, train_len, model.config.block_size, factor), causal_dynamic=mode == "causal")
-        entry = dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
-                     positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts))
         t0 = time.time()
-        reason = unavailable(model.config, method, protocol, T)
         nll, pos = (None, None) if reason else score_units(model, tokens, starts, n, protocol, T, stride, method, kwargs)
         scored[protocol, T, method, mode] = nll
-        empty = dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr"))
-        results.append(dict(entry, **(empty if reason else summarize(nll, pos, train_len)),
-                            available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
+        results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
+                            positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts),
+                            **summarize(nll, pos, train_len), available=reason is None, reason=reason,
+                            seconds=round(time.time() - t0, 3)))
     keys = {k[:2]: key_tokens(scored, *k[:2], args["key_threshold"]) for k in scored}
     for r in results:
         key = r["protocol"], r["eval_len"]
@@ -190,14 +180,6 @@ def key_tokens(scored, protocol, eval_len, threshold):
     return None if crop is None or not others else np.any([crop - v > threshold for v in others], axis=0)
 
 
-def timing(results):
-    """Seconds spent per method (mode), largest first: the benchmark line."""
-    spent = {}
-    for r in results:
-        spent[label(r)] = spent.get(label(r), 0.0) + r["seconds"]
-    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
-
-
 def table(report):
     """Text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
     L, lens, rows = report["train_len"], sorted({r["eval_len"] for r in report["results"]}), {}
@@ -211,18 +193,8 @@ def table(report):
     return f"ppl (ppl beyond train length {L}) of {report['run']}:\n" + "\n".join(lines)
 
 
-def write_outputs(out, name, report, rows, fields=CSV_FIELDS):
-    """out/name.json (the report) and out/name.csv (the rows' fields, None as an empty cell)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows({k: "" if r.get(k) is None else r[k] for k in fields} for r in rows)
-
-
-def plot(report, path):
-    """Per length past training, two a row: loss by position +- one standard error (top), paired difference to none."""
+def plot(report):
+    """PNG bytes. Per length past training, two a row: loss by position +- one standard error (top), paired difference to none."""
     plt, L, ctx_len = pyplot(), report["train_len"], report.get("context_len", report["train_len"])
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = sorted({r["eval_len"] for r in entries})
@@ -255,22 +227,19 @@ def plot(report, path):
         top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}); "
                  f"bands: one standard error over windows")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return png(fig, rect=(0, 0, 1, 0.97))
 
 
-def log_wandb(report, ckpt, png):
+def log_wandb(report, ckpt, png_path):
     import wandb
     run = init_wandb(ckpt["config"], "extrapolate", group=ckpt["config"].get("wandb_group") or report["run"])
-    rows = [[r[k] for k in CSV_FIELDS] for r in report["results"]]
-    run.log({"extrapolation/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows)})
+    run.log({"extrapolation/summary": wandb.Table(columns=list(CSV_FIELDS), data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])})
     for T in sorted({r["eval_len"] for r in report["results"]}):
         if curves := [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]:
             run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
                 xs=curves[0]["curve"]["x"], ys=[r["curve"]["loss"] for r in curves], keys=[label(r) for r in curves],
                 title=f"NLL by position, eval length {T}", xname="position")})
-    run.log({"extrapolation/plot": wandb.Image(str(png))})
+    run.log({"extrapolation/plot": wandb.Image(str(png_path))})
     run.finish()
 
 
@@ -283,8 +252,10 @@ def extrapolate(args):
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
               f"{model.config.block_size}, crop's window")
     if (kept := methods.applicable(args["methods"], pos_emb)) != args["methods"]:
-        dropped = [m for m in args["methods"] if m not in kept]
-        print(f"pos_emb={pos_emb}: RoPE methods ({', '.join(dropped)}) do not apply; evaluating {', '.join(kept) or 'nothing'}")
+        note = f"pos_emb={pos_emb}: RoPE methods ({', '.join(m for m in args['methods'] if m not in kept)}) do not apply"
+        if not kept:
+            raise ValueError(f"{note}; use --methods {','.join(methods.applicable(METHODS, pos_emb))}")
+        print(f"{note}; evaluating {', '.join(kept)}")
         args = dict(args, methods=kept)
     if model.config.rope_scaling:
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
@@ -295,13 +266,14 @@ def extrapolate(args):
     tokens, docs = load_split(data_dir, "val")
     t0 = time.time()
     results, units = run_grid(model, tokens, docs, args, train_len)
-    report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb, run=ckpt["config"].get("wandb_run_name") or Path(args["run_dir"]).name,
-                  checkpoint_iter=ckpt["iter_num"], options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"],
-                  stride=args["stride"] or "half", bins=args["bins"], dataset=str(data_dir),
-                  seconds=round(time.time() - t0, 1), seconds_by_method=timing(results), units=units, results=results)
-    out = args["out"]
-    write_outputs(out, "extrapolation", report, results)
-    plot(report, out / "extrapolation.png")
+    spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}  # the benchmark line
+    report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb,
+                  run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
+                  options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
+                  bins=args["bins"], dataset=str(data_dir), seconds=round(time.time() - t0, 1),
+                  seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units, results=results)
+    out = args["out"]  # the figure drawn first: a failure leaves the earlier outputs as they were
+    write_all(out, {"extrapolation.png": plot(report), **json_csv("extrapolation", report, results, CSV_FIELDS)})
     print(table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "
           + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
           f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")

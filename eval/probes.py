@@ -1,15 +1,5 @@
-"""
-Does the model use the longer context? Retrieval probes and a look inside the rotation, per scaling method.
-
-    python eval/probes.py out/retrieval_small [--probes copy,passkey,rotation,entropy] [--methods none,crop,pi,...]
-        [--distances 0.25,0.5,0.875,2,4,8,16] [--lengths 1,2,4,8] [--depths 0,0.25,0.5,0.75,1]
-        [--trials N] [--segment 32] [--seed 0] [--device auto] [--out DIR] [--no-wandb]
-
-copy: random tokens repeated `distance` tokens later in held-out text (loss, top-1 on the repeat); passkey: a 5-digit
-key at a depth of held-out text, asked for at the end (log-probability, greedy exact match); rotation: turns per RoPE
-frequency pair (no forward); entropy: attention entropy by query position. A run that does not copy inside its training
-length is reported as such: its probes say nothing. Writes probes.json, probes.csv and probe_<name>.png.
-"""
+"""Does the model use the longer context? Retrieval probes and the rotation per scaling method; writes probes.{json,csv}
+and probe_<name>.png once all is computed. Options: README.md; outputs: docs/reference.md; why: docs/methodology.md."""
 import sys
 from pathlib import Path
 
@@ -24,9 +14,9 @@ from tqdm import tqdm
 from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
-from eval.extrapolate import bin_edges, mean_stderr, write_outputs
+from eval.extrapolate import bin_edges, mean_stderr
 from eval.methods import ANY_ENCODING, METHODS, applicable, forward_args, original_len, truncates, unavailable
-from eval.report import line_style, pyplot, save
+from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from model import visible
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
@@ -40,16 +30,15 @@ CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_
 
 def parse_args(argv):
     p = arg_parser(__doc__)
-    p.add_argument("run_dir")
-    p.add_argument("--probes", default=",".join(PROBES), help=f"(default {','.join(PROBES)})")
-    p.add_argument("--methods", default="none,crop,pi,ntk,yarn,llama3", help="any of eval/methods.py's (default %(default)s)")
-    p.add_argument("--distances", default="0.25,0.5,0.875,2,4,8,16", help="copy distances (x training length)")
-    p.add_argument("--lengths", default="1,2,4,8", help="passkey, rotation and entropy lengths (x training length)")
-    p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="passkey depths: fraction of the filler before the key")
-    p.add_argument("--trials", default="20", help="trials per copy distance and per passkey cell (default 20)")
-    p.add_argument("--segment", default="32", help="copy probe: tokens in the random segment (default 32)")
-    p.add_argument("--seed", default="0")
-    p.add_argument("--device", default="auto")
+    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/retrieval_small)")
+    for name, default, text in (
+            ("probes", ",".join(PROBES), "which probes"), ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"),
+            ("distances", "0.25,0.5,0.875,2,4,8,16", "copy distances, multiples of the training length"),
+            ("lengths", "1,2,4,8", "passkey, rotation and entropy lengths, multiples of the training length"),
+            ("depths", "0,0.25,0.5,0.75,1", "passkey depths: the fraction of the filler before the key"),
+            ("trials", "20", "trials per copy distance and passkey cell"), ("segment", "32", "tokens in the copied segment"),
+            ("seed", "0", "seed of the trials"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+        p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
     p.add_argument("--no-wandb", dest="wandb", action="store_false", help="do not log to wandb (default: as the run)")
     a = p.parse_args(argv)
@@ -90,8 +79,7 @@ def per_method(probe, model, rows, args, methods, measure, **fields):
 
 def copy_probe(model, tokens, docs, args, vocab):
     """Per distance and method: loss and top-1 on the repeat's tokens 1..segment-1."""
-    L, k = model.config.block_size, args["segment"]
-    rng = np.random.default_rng(args["seed"])
+    L, k, rng = model.config.block_size, args["segment"], np.random.default_rng(args["seed"])
     for mult in args["distances"]:
         d = max(k, round(mult * L))
         n = d + k  # the first copy starts one token in: position 1 .. k, the second ends the window
@@ -114,8 +102,7 @@ def retrieval_check(copies, train_len):
 
 def passkey_probe(model, tokens, docs, args, encode):
     """Per length x depth x method: teacher-forced log-probability of the key and greedy exact match."""
-    L = model.config.block_size
-    rng = np.random.default_rng(args["seed"] + 1)
+    L, rng = model.config.block_size, np.random.default_rng(args["seed"] + 1)
     for mult in args["lengths"]:
         n = round(mult * L)
         starts = doc_windows(docs, n, args["trials"], rng)
@@ -156,9 +143,8 @@ def pair_kind(ratio, factor):
 
 def attention_entropy(q, k, mask):
     """Entropy (nats) of each query's attention [T], mean over batch and heads, from model.Attend's q, k and mask."""
-    T, Tk = q.size(-2), k.size(-2)
     att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))
-    mask = visible(T, Tk, None, q.device) if mask is None else mask
+    mask = visible(q.size(-2), k.size(-2), None, q.device) if mask is None else mask
     att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask.float()
     p = att.softmax(dim=-1)
     return -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
@@ -179,8 +165,7 @@ def recording_entropy(model):
 
 def entropy_probe(model, tokens, docs, args):
     """Per length and method: attention entropy by query position, binned, mean over layers and heads."""
-    L = model.config.block_size
-    rng = np.random.default_rng(args["seed"] + 2)
+    L, rng = model.config.block_size, np.random.default_rng(args["seed"] + 2)
     for mult in args["lengths"]:
         n = round(mult * L)
         rows = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, ENTROPY_WINDOWS, rng)])
@@ -200,7 +185,7 @@ def entropy_probe(model, tokens, docs, args):
                         entropy_beyond_train=float(curve[L:].mean()) if n > L else None, trials=len(rows))
 
 
-def plot_copy(report, path):
+def plot_copy(report):
     L, (fig, axes) = report["train_len"], pyplot().subplots(1, 2, figsize=(13, 4.5))
     for i, method in enumerate(report["methods"]):
         if not (rs := [r for r in report["results"] if r["probe"] == "copy" and r["method"] == method and r["available"]]):
@@ -214,15 +199,15 @@ def plot_copy(report, path):
         ax.set(xscale="log", xlabel="distance between the copies / training length", ylabel=what)
     axes[0].axhline(1 / report["random_vocab"], color="grey", lw=0.8, label="chance")
     axes[0].legend(fontsize=8)
-    check = report["retrieval"]
-    verdict = ("copies inside its training length" if check["retrieves"] else
-               "does NOT copy inside its training length: no method comparison")
-    fig.suptitle(f"copy probe, {report['run']} (trained at {L}): {verdict} (top-1 {check['inside_top1']:.2f}); "
+    c = report["retrieval"]
+    verdict = ("copies inside its training length" if c["retrieves"] else "not checked inside its training length"
+               if c["inside_top1"] is None else "does NOT copy inside its training length: no method comparison")
+    fig.suptitle(f"copy probe, {report['run']} (trained at {L}): {verdict} (top-1 {fmt(c['inside_top1'])}); "
                  f"bars: one standard error over trials", fontsize=10)
-    save(fig, path)
+    return png(fig)
 
 
-def plot_passkey(report, path):
+def plot_passkey(report):
     rs = [r for r in report["results"] if r["probe"] == "passkey"]
     methods, lens, depths = report["methods"], sorted({r["eval_len"] for r in rs}), sorted({r["depth"] for r in rs})
     fig, axes = pyplot().subplots(1, len(methods), figsize=(2.6 * len(methods) + 1, 3.2), squeeze=False)
@@ -240,46 +225,35 @@ def plot_passkey(report, path):
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="exact match")
     fig.suptitle(f"passkey, {report['run']} (trained at {report['train_len']}): greedy exact match of the "
                  f"{KEY_DIGITS}-digit key, {report['trials']} trials per cell; chance 1e-{KEY_DIGITS}", fontsize=10)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    pyplot().close(fig)
+    return png(fig, tight=False, bbox_inches="tight")
 
 
-def plot_by_length(report, path, probe, draw, title, fontsize, **labels):
-    """One panel per evaluation length: draw(ax, that length's available entries), then the labels."""
-    rs = [r for r in report["results"] if r["probe"] == probe and r["available"]]
+def plot_by_length(report, probe):
+    """rotation or entropy: one panel per evaluation length, of its available entries."""
+    rs, rotation = [r for r in report["results"] if r["probe"] == probe and r["available"]], probe == "rotation"
     lens = sorted({r["eval_len"] for r in rs})
     fig, axes = pyplot().subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)
     for ax, T in zip(axes[0], lens):
-        draw(ax, [r for r in rs if r["eval_len"] == T])
-        ax.set(title=f"eval length {T}", **labels)
+        here = [r for r in rs if r["eval_len"] == T]
+        for i, r in enumerate(here):
+            if not rotation:
+                ax.plot(r["x"], r["entropy"], lw=1.2, label=r["method"], **line_style(r["method"], report["methods"].index(r["method"])))
+            elif r["method"] not in ANY_ENCODING or r["method"] == "none":  # the others: the same frequencies as none
+                ax.plot(r["turns_eval"], marker=".", lw=1, label=r["method"], color=f"C{i % 10}")
+        if rotation:
+            ax.plot(here[0]["turns_train"], color="k", ls="--", lw=1.2, label="over the training length")
+            ax.axhline(1, color="grey", ls=":", lw=1)
+            ax.set(yscale="log", xlabel="frequency pair i (high to low frequency)", ylabel="full turns over the length")
+        else:
+            ax.plot(here[0]["x"], here[0]["uniform"], color="grey", ls=":", lw=1, label="uniform")
+            ax.axvline(report["train_len"], color="grey", ls=":", lw=1)
+            ax.set(xlabel="query position", ylabel="attention entropy (nats)")
+        ax.set(title=f"eval length {T}")
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=fontsize)
-    save(fig, path)
-
-
-def plot_rotation(report, path):
-    def draw(ax, rs):
-        for i, r in enumerate(rs):
-            if r["method"] in ANY_ENCODING and r["method"] != "none":
-                continue  # same frequencies as none
-            ax.plot(r["turns_eval"], marker=".", lw=1, label=r["method"], color=f"C{i % 10}")
-        ax.plot(rs[0]["turns_train"], color="k", ls="--", lw=1.2, label="over the training length")
-        ax.axhline(1, color="grey", ls=":", lw=1)
-        ax.set(yscale="log")
-    plot_by_length(report, path, "rotation", draw, f"rotation, {report['run']}: turns per pair; below the dashed line "
-                   "(turns over the training length) a pair never rotates further than training saw", 9,
-                   xlabel="frequency pair i (high to low frequency)", ylabel="full turns over the length")
-
-
-def plot_entropy(report, path):
-    def draw(ax, rs):
-        for r in rs:
-            ax.plot(r["x"], r["entropy"], lw=1.2, label=r["method"],
-                    **line_style(r["method"], report["methods"].index(r["method"])))
-        ax.plot(rs[0]["x"], rs[0]["uniform"], color="grey", ls=":", lw=1, label="uniform")
-        ax.axvline(report["train_len"], color="grey", ls=":", lw=1)
-    plot_by_length(report, path, "entropy", draw, f"attention entropy, {report['run']}: mean over layers, heads and "
-                   f"{ENTROPY_WINDOWS} windows", 10, xlabel="query position", ylabel="attention entropy (nats)")
+    fig.suptitle(f"rotation, {report['run']}: turns per pair; below the dashed line (turns over the training length) a pair "
+                 "never rotates further than training saw" if rotation else f"attention entropy, {report['run']}: mean over "
+                 f"layers, heads and {ENTROPY_WINDOWS} windows", fontsize=9 if rotation else 10)
+    return png(fig)
 
 
 def log_wandb(report, ckpt, pngs):
@@ -294,46 +268,51 @@ def log_wandb(report, ckpt, pngs):
 
 def probes(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
-    L, vocab = model.config.block_size, model.config.vocab_size
-    if {"passkey", "copy", "entropy"} & set(args["probes"]):
-        tokens, docs = load_split(data_dir, "val")
-    methods = applicable(args["methods"], model.config.pos_emb)
-    args = dict(args, methods=methods, train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
+    L, vocab, pos_emb = model.config.block_size, model.config.vocab_size, model.config.pos_emb
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
+    tokens, docs = load_split(data_dir, "val")
+    if not (methods := applicable(args["methods"], pos_emb)):
+        raise ValueError(f"pos_emb={pos_emb}: RoPE methods ({', '.join(args['methods'])}) do not apply; "
+                         f"use --methods {','.join(applicable(METHODS, pos_emb))}")
+    args = dict(args, methods=methods, train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
-               passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
-               rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
+                 passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
+                 rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
     results, seconds = [], {}
     for name in args["probes"]:
         t0 = time.time()
         results += probe[name]()
         seconds[name] = round(time.time() - t0, 1)
+    if not any(r["available"] for r in results):  # asked for nothing that can be measured: say why, write nothing
+        r = results[0] if results else None  # none at all: only rotation was asked, of a model without RoPE
+        raise ValueError(f"nothing to probe: {r['method']} at {r['eval_len']} tokens: {r['reason']}" if r else
+                         f"nothing to probe: the rotation probe needs RoPE, not pos_emb={pos_emb}; use --probes copy,passkey,entropy")
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L,
-                  pos_emb=model.config.pos_emb, checkpoint_iter=ckpt["iter_num"], options=args["options"],
+                  pos_emb=pos_emb, checkpoint_iter=ckpt["iter_num"], options=args["options"],
                   methods=methods, trials=args["trials"], segment=args["segment"], random_vocab=rvocab,
                   retrieval=retrieval_check(copies, L) if copies else None, seconds=round(sum(seconds.values()), 1),
                   seconds_by_probe=seconds, results=results)
-    out = args["out"]  # rotation's per-pair and entropy's per-position lists live in the JSON only
-    write_outputs(out, "probes", report, [r for r in results if r["probe"] in ("copy", "passkey")], CSV_FIELDS)
-    pngs = {name: out / f"probe_{name}.png" for name in PROBES if any(r["probe"] == name for r in results)}
-    for name, png in pngs.items():
-        dict(copy=plot_copy, passkey=plot_passkey, rotation=plot_rotation, entropy=plot_entropy)[name](report, png)
+    # the figures drawn before any file is written (rotation and entropy only of available entries: none, no figure);
+    # rotation's per-pair and entropy's per-position lists live in the JSON only
+    out, draw = args["out"], dict(copy=plot_copy, passkey=plot_passkey)
+    figures = {f"probe_{p}.png": draw[p](report) if p in draw else plot_by_length(report, p)
+               for p in PROBES if any(r["probe"] == p and (r["available"] or p in draw) for r in results)}
+    write_all(out, {**figures, **json_csv("probes", report, [r for r in results if r["probe"] in ("copy", "passkey")], CSV_FIELDS)})
     print(summary(report))
     print(f"{len(results)} probe entries in {report['seconds']:.0f}s ("
-          + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, "
-          + ", ".join(p.name for p in pngs.values()))
+          + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, " + ", ".join(figures))
     if args["wandb"] and ckpt["config"].get("wandb_log", False):
-        log_wandb(report, ckpt, pngs.values())
+        log_wandb(report, ckpt, [out / name for name in figures])
     return report
 
 
 def summary(report):
     c = report["retrieval"]
-    lines = [f"copy inside the training length (none): top-1 {c['inside_top1']:.3f} -> "
-             + ("the run copies" if c["retrieves"] else "the run does NOT copy: the probes compare nothing")] if c else []
-    for probe, key, col, by in (("copy", "top1", "distance", "distance"),
-                                ("passkey", "exact", "eval_len", "length (mean over depths)")):
+    lines = [f"copy inside the training length (none): top-1 {fmt(c['inside_top1'], 3)} -> " + (
+        "the run copies" if c["retrieves"] else "not checked: no copy distance fits in it (try --distances 0.5)"
+        if c["inside_top1"] is None else "the run does NOT copy: the probes compare nothing")] if c else []
+    for probe, key, col, by in (("copy", "top1", "distance", "distance"), ("passkey", "exact", "eval_len", "length (mean over depths)")):
         if not (rs := [r for r in report["results"] if r["probe"] == probe]):
             continue
         cols = sorted({r[col] for r in rs})

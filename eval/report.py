@@ -1,6 +1,10 @@
-"""Formatting and figure layout of evaluation results, shared by the scripts that print, plot or compare them
+"""Formatting, figure layout and output writing shared by the scripts that print, plot or compare results
 (no torch here)."""
+import csv
+import io
+import json
 import math
+import os
 
 
 def label(r):
@@ -19,15 +23,36 @@ def pyplot():
     return plt
 
 
-def save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+def png(fig, tight=True, rect=None, **savefig):
+    """The figure as PNG bytes (laid out tight within rect unless tight is False), then closed: for write_all."""
+    if tight:
+        fig.tight_layout(rect=rect)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, **savefig)
     pyplot().close(fig)
+    return buf.getvalue()
+
+
+def json_csv(name, report, rows, fields):
+    """{name.json: the report, name.csv: the rows' fields, None as an empty cell}, for write_all."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows({k: "" if r.get(k) is None else r[k] for k in fields} for r in rows)
+    return {f"{name}.json": json.dumps(report, indent=1) + "\n", f"{name}.csv": buf.getvalue()}
+
+
+def write_all(out, files):
+    """Write {name: text or bytes} into the folder out, each through a temp file renamed over the old one: call it last."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        tmp = out / f".{name}.{os.getpid()}.tmp"
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, out / name)
 
 
 def panels(plt, n, per_row, stacked, size, **subplots):
-    """A figure for n items, per_row of them a row, each item a column of `stacked` panels, size (w, h) inches
-    per item: (figure, per item its panels top to bottom). The empty places of the last row are hidden."""
+    """(figure, per item its `stacked` panels top to bottom) for n items, per_row a row, size (w, h) inches per item."""
     cols, rows = min(per_row, n), math.ceil(n / per_row)
     fig, axes = plt.subplots(stacked * rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False, **subplots)
     places = [tuple(axes[stacked * (i // cols) + k, i % cols] for k in range(stacked)) for i in range(rows * cols)]

@@ -22,19 +22,13 @@ def load_run(run_dir, device="cpu"):
 
 def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **positions):
     """Per-position NLL [len(starts), length] of the windows tokens[s:s+length+1] (see score_rows)."""
-    if length < 1:
-        raise ValueError(f"window length must be >= 1, got {length}")
-    starts = np.asarray(starts, dtype=np.int64)
-    if len(starts) and (starts.min() < 0 or starts.max() + length + 1 > len(tokens)):
-        raise ValueError(f"a window of {length}+1 tokens does not fit in the {len(tokens)} tokens given")
-    rows = np.stack([tokens[s:s + length + 1] for s in starts]) if len(starts) else np.zeros((0, length + 1))
+    rows = np.stack([tokens[s:s + length + 1] for s in starts])  # the callers' starts come from doc_windows: they fit
     return score_rows(model, rows, tokens_per_batch, **positions)[0]
 
 
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, **positions):
-    """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1], each scored on its own from position 0,
-    in batches of <= tokens_per_batch tokens (at least one row). positions: GPT.forward's position arguments."""
+    """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1], each from position 0, in batches <= tokens_per_batch."""
     rows = np.asarray(rows, dtype=np.int64)
     N, n, device = rows.shape[0], rows.shape[1] - 1, next(model.parameters()).device
     _, ctx = autocast("auto", device.type)  # bf16 on CUDA if supported, float32 on CPU
@@ -52,8 +46,7 @@ def score_rows(model, rows, tokens_per_batch=16384, **positions):
 
 
 def sliding_windows(n, length, stride):
-    """(start in a stretch of n tokens, last targets scored) per sliding window: the first scores all `length`, each
-    later one the next <= stride: every target once, after the first with >= length - stride tokens before it."""
+    """(start in a stretch of n tokens, last targets scored) per sliding window: every target once (docs/methodology.md)."""
     if not 1 <= stride <= length <= n:
         raise ValueError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
                          f"length {length}, stretch {n}")

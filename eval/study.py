@@ -1,19 +1,5 @@
-"""
-A study: configs x seeds, each trained and evaluated, then aggregated across seeds.
-
-    python eval/study.py configs/rope_small.py configs/nope_small.py [...] [--seeds 3] [--out out/study]
-        [--train_args "--max_iters=500"] [--eval_args "--lengths 1,4,16"] [--probe_args "--probes copy"]
-        [--wandb_log true|false]
-
-Trains out/<study>/<config>_seed<k> (train.py --seed=k) one after another, every option checked before the first,
-and picks up where it stopped: a run trained to its max_iters is not trained again (a partial one resumes), nor one
-evaluated on its final checkpoint with the same options evaluated again. Per (config, protocol, method, length): mean
-and 95% t-interval across seeds of the loss, of the loss beyond the training length and of the paired differences to
-none and to crop; with --probe_args ("" for the defaults) also eval/probes.py's copy top-1 per distance and passkey
-exact match per length (mean over depths), with how many seeds copy inside the training length. Writes study.json,
-study.md (tables, headed by the command that regenerates it) and study.png into --out, and logs them to wandb in the
-study's group (that of its training runs too).
-"""
+"""A study: configs x seeds, each trained and evaluated one at a time (resuming where it stopped), then aggregated across
+seeds into study.{json,md,png} in --out, written once all is aggregated. Options: README.md; outputs: docs/reference.md."""
 import json
 import math
 import shlex
@@ -27,7 +13,7 @@ from scipy import stats
 from eval.compare import load_report
 from eval.extrapolate import parse_args as eval_options
 from eval.probes import parse_args as probe_options
-from eval.report import fmt, label, line_style, panels, pyplot, save
+from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
 from runtime import ROOT, arg_parser, init_wandb, load_checkpoint, number, run_cli
 from train import load_config
 
@@ -38,8 +24,7 @@ KEYS = ("protocol", "method", "mode", "eval_len")  # with the config, what a row
 def last_iter(run_dir):
     """(iteration of the run's checkpoint, its max_iters), or None if there is none yet."""
     if (run_dir / "ckpt.pt").is_file():
-        ckpt = load_checkpoint(run_dir)
-        return ckpt["iter_num"], ckpt["config"]["max_iters"]
+        return (ckpt := load_checkpoint(run_dir))["iter_num"], ckpt["config"]["max_iters"]
 
 
 def step(what, cmd):
@@ -50,13 +35,13 @@ def step(what, cmd):
 
 def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     """Train (or resume) and evaluate one run unless that is done already; returns its folder."""
-    name = f"{Path(config).stem}_seed{seed}"
-    run_dir = out / name
+    run_dir = out / (name := f"{Path(config).stem}_seed{seed}")
     done = last_iter(run_dir)
     if done is None or done[0] < done[1]:
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
-                               f"--wandb_group={out.name}", f"--wandb_run_name={name}", *(["--init_from=resume"] if done else []),
-                               *(a.replace("{seed}", str(seed)) for a in train_args)])
+                               f"--wandb_group={out.name}", f"--wandb_run_name={name}",
+                               *(a.replace("{seed}", str(seed)) for a in train_args),
+                               *(["--init_from=resume"] if done else [])])  # last: it wins over a fine-tune's init_from
         done = last_iter(run_dir)
     # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
     rep = (run_dir / "extrapolation.json").is_file() and load_report(run_dir)
@@ -93,8 +78,7 @@ def aggregate(reports):
 
 
 def aggregate_probes(reports):
-    """{config: [per-seed probes reports]} -> rows of copy top-1 per distance and passkey exact match per
-    length (mean over depths) per (config, method), with intervals over seeds."""
+    """{config: [per-seed probes reports]} -> copy top-1 per distance, passkey exact match per length (mean over depths)."""
     rows = {}
     for config, seeds in reports.items():
         copies = sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds)
@@ -127,8 +111,7 @@ def table(cells, cols, L):
 
 def markdown(rows, seeds, probe_rows=()):
     """The tables of the study's rows, then those of its probe rows."""
-    lens, L = sorted({r["eval_len"] for r in rows}), rows[0]["train_len"]
-    tables = []
+    lens, L, tables = sorted({r["eval_len"] for r in rows}), rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         for metric, title, transform, digits in (
                 ("loss", "perplexity", math.exp, 1),
@@ -140,8 +123,7 @@ def markdown(rows, seeds, probe_rows=()):
             tables.append(f"### {title}, {protocol} protocol\n\nmean [95% CI] over {seeds} seeds\n\n" + table(cells, lens, L))
     for probe, what, unit in (("copy", "copy probe: top-1 on the repeat", "distance"),
                               ("passkey", "passkey: exact match, mean over depths", "length")):
-        rs = [r for r in probe_rows if r["probe"] == probe]
-        if rs:
+        if rs := [r for r in probe_rows if r["probe"] == probe]:
             cells = [((f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]), r["at"], cell(r["value"])) for r in rs]
             tables.append(f"### {what}, by {unit}\n\nmean [95% CI] over {seeds} seeds; (k/n copy): seeds whose run copies "
                           f"inside its training length, without which the row compares nothing\n\n"
@@ -149,8 +131,8 @@ def markdown(rows, seeds, probe_rows=()):
     return "\n\n".join(tables) + "\n"
 
 
-def plot(rows, path):
-    """Per config: perplexity against length with 95% intervals (top), loss minus crop (bottom); windows protocol."""
+def plot(rows):
+    """PNG bytes: per config, perplexity against length with 95% intervals (top), loss minus crop (bottom); windows protocol."""
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
@@ -159,8 +141,7 @@ def plot(rows, path):
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
             pts = sorted((r["eval_len"] / r["train_len"], r) for r in rows if r["config"] == config and label(r) == name)
             for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
-                p = [(m, r[metric]) for m, r in pts if r[metric] is not None]
-                if p:  # one seed: no interval, a bar of length 0
+                if p := [(m, r[metric]) for m, r in pts if r[metric] is not None]:  # one seed: a bar of length 0
                     y, lo, hi = (np.array([tf(s[k] if s[k] is not None else s["mean"]) for _, s in p]) for k in ("mean", "lo", "hi"))
                     ax.errorbar([m for m, _ in p], y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=3, lw=1.2, label=name,
                                 **line_style(name, names.index(name)))
@@ -170,17 +151,17 @@ def plot(rows, path):
         bottom.set_xscale("log", base=2)
         top.legend(fontsize=7, ncol=2)
     fig.suptitle("mean over seeds, error bars: 95% t-interval; below 0 in the lower row: better than cropping")
-    save(fig, path)
+    return png(fig)
 
 
-def log_wandb(study, out, png, md):
+def log_wandb(study, out, png_path, md):
     import wandb
     run = init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
                      "study", group=out.name)
     cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
             + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi")] for r in study["rows"]]
-    run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png)),
+    run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
              "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
     run.finish()
 
@@ -194,13 +175,13 @@ def parse_args(argv):
     """The study's options, with everything it passes on to train.py, extrapolate.py and probes.py checked."""
     p = arg_parser(__doc__)
     p.add_argument("configs", nargs="+", help="config files (configs/*.py)")
-    p.add_argument("--seeds", default="3", help="training seeds 0 .. N-1 per config (default 3)")
-    p.add_argument("--out", default="out/study", help="the study folder (default out/study); its name is the wandb group")
-    p.add_argument("--train_args", default="", help="extra train.py overrides, e.g. \"--max_iters=500\"; {seed} is "
-                   "replaced by the seed (fine-tunes: \"--init_from=out/study/rope_small_seed{seed}\")")
-    p.add_argument("--eval_args", default="", help="extra eval/extrapolate.py options, e.g. \"--lengths 1,4,16\"")
-    p.add_argument("--probe_args", default=None, help="eval/probes.py options for every run (\"\" for its defaults); default: no probes")
-    p.add_argument("--wandb_log", default="true", help="log the study itself to wandb: true | false (default true)")
+    for name, default, text in (
+            ("seeds", "3", "seeds per config"), ("out", "out/study", "the study's folder"),
+            ("train_args", "", "options for every train.py run ({seed}: the seed)"),
+            ("eval_args", "", "options for every eval/extrapolate.py run"),
+            ("probe_args", None, "options for eval/probes.py ('' for its defaults; not given: no probes)"),
+            ("wandb_log", "true", "true | false")):
+        p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
     if a.wandb_log.lower() not in ("true", "false"):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
@@ -222,9 +203,7 @@ def parse_args(argv):
 
 
 def study(args):
-    out = args["out"]
-    out.mkdir(parents=True, exist_ok=True)
-    reports, probes = {}, {}
+    out, reports, probes = args["out"], {}, {}
     for seed in range(args["seeds"]):  # seed-major: a study stopped early still has whole seeds of every config
         for config in args["configs"]:
             run_dir = run_one(config, seed, out, args["train_args"], args["eval_args"], args["probe_args"])
@@ -233,11 +212,9 @@ def study(args):
                 probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=0.95, rows=rows, probe_rows=probe_rows)
-    (out / "study.json").write_text(json.dumps(result, indent=1) + "\n")
     md = (f"# Study {out.name}: {', '.join(reports)}, {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
           "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows))
-    (out / "study.md").write_text(md)
-    plot(rows, out / "study.png")
+    write_all(out, {"study.png": plot(rows), "study.json": json.dumps(result, indent=1) + "\n", "study.md": md})
     print(md + f"-> {out}/study.{{json,md,png}}")
     if args["wandb_log"]:
         log_wandb(result, out, out / "study.png", md)

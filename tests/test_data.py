@@ -182,7 +182,7 @@ def test_get_rows_are_consecutive_windows_of_block_size_plus_one():
     assert (np.diff(rows, axis=1) == 1).all() and rows.max() <= 99  # arange: each window is consecutive
     rows = get_rows(tokens, 4, 99, np.random.default_rng(0))  # exactly block_size+1 tokens: one window
     assert (rows == np.arange(100)).all()
-    with pytest.raises(ValueError, match="100 tokens, fewer than block_size\\+1=101"):
+    with pytest.raises(ValueError):  # no window fits: train.py says so at start-up (tests/test_safety.py)
         get_rows(tokens, 4, 100, np.random.default_rng(0))
 
 

@@ -308,6 +308,9 @@ def test_bad_input_is_a_one_line_error(rope_run, dataset, tmp_path):
     assert "--stride 64 is longer than the evaluation length 32" in error_of([str(rope_run), "--lengths", "1", "--stride", "64"])
     assert "unknown --bins 'square'; allowed: linear, log" in error_of([str(rope_run), "--bins", "square"])
     assert "unknown --dynamic_modes exact" in error_of([str(rope_run), "--dynamic_modes", "exact"])
+    assert "--lengths 0.01 is under one token at training length 32" in error_of([str(rope_run), "--lengths", "0.01"])
+    # runtime.pick_device's own one line: extrapolate.py no longer checks the name a second time
+    assert "device='tpu' is not one of: auto, cpu, cuda, cuda:N, mps" in error_of([str(rope_run), "--device", "tpu"])
 
 
 def test_data_missing_or_of_another_vocabulary_is_a_one_line_error(rope_run, dataset, tmp_path):
@@ -372,3 +375,52 @@ def test_a_fine_tuned_run_is_scored_from_its_original_length(rope_run, dataset, 
     by = {(r["method"], r["eval_len"]): r for r in report["results"]}
     assert by["pi", 4 * L]["factor"] == 4 and by["crop", 4 * L]["positions"]["window"] == 2 * L
     assert by["crop", 2 * L]["loss"] == pytest.approx(by["none", 2 * L]["loss"], abs=1e-6)  # nothing cropped up to 2L
+
+
+def outputs_of(folder, names):
+    return {name: (folder / name).read_bytes() for name in names}
+
+
+def test_a_run_that_fails_or_has_nothing_to_do_leaves_earlier_outputs_as_they_were(learned_run, rope_run, tmp_path,
+                                                                                   monkeypatch):
+    # issue 19: every command computes (and draws) before it writes; each failure is one line, exit 1
+    names = ("extrapolation.json", "extrapolation.csv", "extrapolation.png")
+    run(learned_run, tmp_path, "--lengths", "1", "--methods", "none", "--protocols", "windows")
+    before = outputs_of(tmp_path, names)
+    common = [str(learned_run), "--out", str(tmp_path), "--no-wandb"]
+    assert ("pos_emb=learned: RoPE methods (pi) do not apply; use --methods none,crop,logn"
+            in error_of([*common, "--lengths", "4", "--methods", "pi"]))
+    assert ("nothing to evaluate: none at 128 tokens: a learned position table has 32 entries"
+            in error_of([*common, "--lengths", "4", "--methods", "none,logn"]))
+    assert "--protocols sliding alone draws no extrapolation.png" in error_of([*common, "--protocols", "sliding"])
+
+    def broken(report):
+        raise ValueError("the figure failed")
+    monkeypatch.setattr(extrapolate, "plot", broken)  # a failure after the numbers, while drawing
+    assert error_of([str(rope_run), "--out", str(tmp_path), "--lengths", "1", "--methods", "none", "--no-wandb"]).endswith(
+        "the figure failed")
+    assert outputs_of(tmp_path, names) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def test_compare_refuses_a_run_with_nothing_to_compare(report, tmp_path):
+    for name, results in (("empty", []), ("windows_only", [r for r in report["results"] if r["protocol"] == "windows"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "extrapolation.json").write_text(json.dumps(dict(report, results=results)))
+    for argv, message in (([tmp_path / "windows_only", tmp_path / "empty"], f"{tmp_path / 'empty' / 'extrapolation.json'} has "
+                           f"no windows results; re-run eval/extrapolate.py {tmp_path / 'empty'}"),
+                          ([tmp_path / "windows_only", "--protocol", "sliding"], "has no sliding results")):
+        with pytest.raises(SystemExit) as e:
+            compare.main([*map(str, argv), "--out", str(tmp_path / "cmp")])
+        assert str(e.value).startswith("compare.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
+    assert not list(tmp_path.glob("cmp*"))  # nothing written
+
+
+def test_curves_of_an_empty_log_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text("\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "eval" / "curves.py"), str(tmp_path / "run"), "--out",
+                           str(tmp_path / "curves.png")], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"curves.py: error: {tmp_path / 'run' / 'log.jsonl'} is empty: no evaluation logged yet; train.py appends one "
+        "every eval_interval iterations"]
+    assert not (tmp_path / "curves.png").exists()

@@ -218,3 +218,38 @@ def test_train_start_up_note_names_where_the_bound_fails_and_counts_p_rope_unrot
     # p-RoPE with half the pairs unrotated: each adds 1 to B_m, which then never falls below 0
     assert first_negative(32, 1e4, 4096, fraction=0.5) is None
     assert base_bound_note(GPTConfig(vocab_size=10, rope_fraction=0.5)) is None
+
+
+def probe_error(argv):
+    with pytest.raises(SystemExit) as e:
+        probes.main(argv)
+    assert str(e.value).startswith("probes.py: error: ") and "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_probes_with_nothing_to_measure_are_one_line_errors_that_write_nothing(tmp_path_factory, dataset, tmp_path):
+    # issue 19: asking for nothing that can be measured writes nothing (before, rotation on a learned run exited 0
+    # with an empty probes.json, and entropy past the table failed while plotting)
+    from tests.test_eval import trained
+    run_dir = trained(tmp_path_factory, dataset, "learned", pos_emb="learned")
+    (tmp_path / "probes.json").write_text("earlier")
+    common = [str(run_dir), "--out", str(tmp_path), "--trials", "2", "--segment", "4", "--no-wandb"]
+    assert "nothing to probe: the rotation probe needs RoPE, not pos_emb=learned" in probe_error([*common, "--probes", "rotation"])
+    assert ("nothing to probe: none at 64 tokens: a learned position table has 32 entries"
+            in probe_error([*common, "--probes", "entropy", "--lengths", "2,4"]))
+    assert "pos_emb=learned: RoPE methods (pi) do not apply; use --methods none,crop,logn" in probe_error([*common, "--methods", "pi"])
+    assert [p.name for p in tmp_path.iterdir()] == ["probes.json"] and (tmp_path / "probes.json").read_text() == "earlier"
+    # beside a probe with something to show, one with nothing available gets no figure (and no plotting error)
+    probes.probes(probes.parse_args([*common, "--probes", "copy,entropy", "--lengths", "2", "--distances", "0.5,2"]))
+    assert {p.name for p in tmp_path.iterdir()} == {"probes.json", "probes.csv", "probe_copy.png"}
+
+
+def test_a_copy_probe_without_a_distance_inside_the_training_length_says_n_a(tmp_path_factory, dataset, tmp_path, capsys):
+    # before: a TypeError formatting inside_top1=None, after probes.json was already replaced
+    from tests.test_eval import trained
+    run_dir = trained(tmp_path_factory, dataset, "rope")
+    for argv in (["--distances", "2"], ["--distances", "0.5", "--segment", "40"]):  # every window longer than L = 32
+        report = probes.probes(probes.parse_args([str(run_dir), "--out", str(tmp_path), "--probes", "copy", "--trials", "2",
+                                                 "--methods", "none,crop", "--no-wandb", *argv]))
+        assert report["retrieval"] == dict(inside_top1=None, retrieves=False, threshold=probes.RETRIEVES)
+        assert "top-1 n/a -> not checked" in capsys.readouterr().out and (tmp_path / "probe_copy.png").is_file()

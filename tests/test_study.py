@@ -117,7 +117,7 @@ def test_bad_options_fail_before_the_first_run_trains(tmp_path, option, message)
 def test_the_figure_puts_three_configs_a_row(tmp_path):
     from matplotlib.image import imread
     rows = study.aggregate({f"config{i}": [fake_report(4.0, 3.5), fake_report(4.2, 3.6)] for i in range(4)})
-    study.plot(rows, tmp_path / "study.png")
+    (tmp_path / "study.png").write_bytes(study.plot(rows))
     # two rows of three configs, each config over two panels (5.5 x 8 inches at 100 dpi)
     assert imread(tmp_path / "study.png").shape[:2] == (1600, 1650)
 
@@ -126,10 +126,27 @@ def test_the_study_logs_to_wandb_offline_without_a_login(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     rows = study.aggregate({"rope_small": [fake_report(4.0, 3.5), fake_report(4.2, 3.6)]})
-    study.plot(rows, tmp_path / "study.png")
+    (tmp_path / "study.png").write_bytes(study.plot(rows))
     study.log_wandb(dict(configs=["rope_small"], seeds=2, rows=rows), tmp_path / "mystudy", tmp_path / "study.png",
                     study.markdown(rows, 2))
     import wandb
     wandb.teardown()  # wandb keeps process-wide settings (its dir) from the first init: leave none behind
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_the_study_writes_its_outputs_last(tmp_path, monkeypatch):
+    # issue 19: a study that fails while aggregating or drawing leaves no study.json behind it (nor a folder)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "extrapolation.json").write_text(json.dumps(dict(fake_report(4.0, 3.5), run="run", units={})))
+    monkeypatch.setattr(study, "run_one", lambda *args: run_dir)
+    argv = ["configs/rope_small.py", "--seeds", "2", "--out", str(tmp_path / "s"), "--wandb_log", "false"]
+
+    def broken(rows):
+        raise ValueError("the figure failed")
+    with monkeypatch.context() as m:
+        m.setattr(study, "plot", broken)
+        assert error_of(argv).endswith("the figure failed") and not (tmp_path / "s").exists()
+    study.main(argv)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["study.json", "study.md", "study.png"]

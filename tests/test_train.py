@@ -151,7 +151,7 @@ def test_a_failed_corpus_download_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(shakespeare, "is_prepared", lambda *a, **kw: False)
     monkeypatch.setattr(shakespeare.download, "__defaults__", (tmp_path,))  # an empty download cache
     monkeypatch.setattr(shakespeare.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 1))  # pip offline
-    error = run_main(["--device=cpu", "--wandb_log=False"])
+    error = run_main(["--device=cpu", "--wandb_log=False", f"--out_dir={tmp_path / 'out'}"])
     assert error.startswith("train.py: error: `") and "failed (exit 1)" in error and "\n" not in error
 
 

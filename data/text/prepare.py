@@ -1,15 +1,11 @@
-"""
-Prepare any corpus: a folder of .txt files, JSONL or Parquet files, or a Hugging Face dataset, streamed,
+"""Prepare any corpus: a folder of .txt files, JSONL or Parquet files, or a Hugging Face dataset, streamed,
 tokenized in parallel and split by whole document into train and val.
 
     python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
                                 [--vocab_size N] [--val_fraction F] [--workers N]
 
-SOURCE: a folder (its *.txt, *.jsonl, *.jsonl.gz and *.parquet files, hidden ones aside), one .jsonl, .jsonl.gz
-or .parquet file, or hf:NAME[:CONFIG] (a Hugging Face dataset's train split; needs `pip install datasets`).
-A folder of .txt files only is split exactly (round(n * F) files held out, names kept, vocabulary 2048); any
-other corpus is a stream of records, held out when a hash of their key falls under F (vocabulary 50257).
-The format, the split, the guarantees and the errors: docs/reference.md ("Preparing any corpus").
+SOURCE (a folder, a .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG]), the split, the format, the guarantees
+and the errors: docs/reference.md ("Preparing any corpus").
 """
 import gzip
 import hashlib
@@ -22,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from data.dataset import VOCAB_SIZE, is_prepared, load_meta, split_documents, val_by_hash, write_documents
+from data.dataset import VOCAB_SIZE, is_prepared, shakespeare_vocab, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
 from runtime import arg_parser, run_cli
 
@@ -54,8 +50,7 @@ def list_files(path):
 
 
 def fingerprint(root, files):
-    """sha256 over the relative path, size and content of every file, in order. Reading the files once
-    more costs little next to tokenizing them, and unlike mtimes it cannot miss a change."""
+    """sha256 over the relative path, size and content of every file, in order (unlike mtimes, it misses no change)."""
     h = hashlib.sha256()
     with tqdm(total=sum(p.stat().st_size for p in files), desc="hashing", unit="B", unit_scale=True,
               disable=None, leave=False) as bar:
@@ -150,13 +145,6 @@ def hf_records(spec, field):
     return ((str(i), field_text(row, field, f"{HF}{spec} row {i}")) for i, row in enumerate(stream))
 
 
-def txt_documents(root, files, val_fraction):
-    """(split, name, text) of each .txt file (one document each), split exactly: the names are known."""
-    paths = {p.relative_to(root).as_posix(): p for p in files}
-    train, val = split_documents(paths, val_fraction, SEED)
-    return ((split, rel, read_text(paths[rel])) for split, names in (("train", train), ("val", val)) for rel in names)
-
-
 def record_documents(records, val_fraction, where):
     """(split, None, text) of every non-empty record (not a lone EOT), placed by a hash of its key."""
     n = 0
@@ -183,8 +171,8 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"name={name!r} is not allowed; use a plain directory name (output goes to data/<name>/)")
-    if name == "shakespeare":
-        raise ValueError("name 'shakespeare' is taken by data/shakespeare/prepare.py; pass another --name")
+    if shakespeare_vocab(name):
+        raise ValueError(f"name {name!r} is taken by data/shakespeare/prepare.py; pass another --name")
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
     if not text_field:
@@ -208,20 +196,20 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
                   **({} if named else {"text_field": text_field})}
         print(f"{len(files)} files, {sum(p.stat().st_size for p in files):,} bytes from {path}")
     vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
-    if is_prepared(out_dir, vocab_size=vocab_size, source=origin) and load_meta(out_dir)["val_fraction"] == val_fraction:
+    if is_prepared(out_dir, vocab_size=vocab_size, source=origin, val_fraction=val_fraction):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
-    if named:
-        docs = txt_documents(root, files, val_fraction)
-    elif hf:
-        docs = record_documents(hf_records(spec, text_field), val_fraction, source)
-    else:
-        for path in files:
-            if suffix(path) == ".parquet":
-                check_parquet(path, text_field)
-        docs = record_documents(file_records(root, files, text_field), val_fraction, source)
+    for path in [] if hf else files:  # a Parquet file without the text column fails before anything is written
+        if suffix(path) == ".parquet":
+            check_parquet(path, text_field)
+    records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
-    write_documents(docs, out_dir, vocab_size, origin, val_fraction, SEED, workers, keep_names=named)
+    if named:  # a .txt file is a document, split exactly: the names are known
+        write_dataset({p.relative_to(root).as_posix(): p for p in files}, out_dir, vocab_size, val_fraction, SEED,
+                      origin, workers, read=read_text)
+    else:
+        write_documents(record_documents(records, val_fraction, source), out_dir, vocab_size, origin, val_fraction,
+                        SEED, workers)
     return out_dir
 
 
