@@ -1,6 +1,5 @@
-"""Training-step throughput of a config on random tokens: tokens/s, TFLOP/s, MFU (where the peak is known)
-and peak memory (no data, checkpoint or wandb); or, with --nanogpt, a karpathy/nanoGPT checkout's model
-beside ours (learned and rope) at one small shape on the CPU, median ms per step over --steps blocks.
+"""Training-step throughput of a config on random tokens (tokens/s, TFLOP/s, MFU where the peak is known, peak memory);
+or, with --nanogpt, a karpathy/nanoGPT checkout's model beside ours (learned, rope) on the CPU: median ms per step.
 
     python bench.py configs/rope_small.py [--key=value ...] [--vocab_size=2048] [--steps=20]
     python bench.py --nanogpt=PATH/TO/nanoGPT [--steps=15]
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from runtime import autocast, peak_flops, pick_device, run_cli
+from runtime import autocast, number, peak_flops, pick_device, run_cli
 from train import load_config, model_config
 
 OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
@@ -34,18 +33,13 @@ def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
         torch.cuda.synchronize()
 
 
-def count(extra, key, default):
-    if not ((text := extra.get(key, str(default))).isdecimal() and int(text) >= 1):
-        raise ValueError(f"--{key}={text} must be an integer >= 1")
-    return int(text)
-
-
 def bench(argv):
     extra = {a.split("=")[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith(OPTIONS)}
     if "nanogpt" in extra:
-        return versus_nanogpt(Path(extra["nanogpt"]), count(extra, "steps", 15))
+        return versus_nanogpt(Path(extra["nanogpt"]), number(extra.get("steps", "15"), "steps", int, 1))
     config = load_config([a for a in argv if not a.startswith(OPTIONS)])
-    vocab_size, steps = count(extra, "vocab_size", 2048), count(extra, "steps", 20)
+    vocab_size = number(extra.get("vocab_size", "2048"), "vocab_size", int, 1)
+    steps = number(extra.get("steps", "20"), "steps", int, 1)
     device = pick_device(config["device"])
     device_type = device.split(":")[0]
     dtype, ctx = autocast(config["dtype"], device_type)

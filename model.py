@@ -29,9 +29,7 @@ class GPTConfig:
     rope_base: float = 10000.0
     rope_layout: str = "half"
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
-    # p-RoPE: the fraction of the head_dim/2 pairs that rotate (the highest frequencies); None rotates all.
-    # None rather than 1.0 so that checkpoints from before this key resume with train.py's equality check
-    rope_fraction: float | None = None
+    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None, not 1.0: older checkpoints)
 
     def __post_init__(self):
         small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
@@ -39,10 +37,9 @@ class GPTConfig:
             raise ValueError(f"{', '.join(small)}: model sizes must be >= 1")
         if not 0 <= self.dropout < 1 or self.rope_base <= 1:
             raise ValueError(f"dropout={self.dropout!r} must be in [0, 1) and rope_base={self.rope_base!r} above 1")
-        if self.pos_emb not in POS_EMBS:
-            raise ValueError(f"unknown pos_emb {self.pos_emb!r}; allowed: {', '.join(POS_EMBS)}")
-        if self.rope_layout not in LAYOUTS:
-            raise ValueError(f"unknown rope_layout {self.rope_layout!r}; allowed: {', '.join(LAYOUTS)}")
+        for key, allowed in (("pos_emb", POS_EMBS), ("rope_layout", LAYOUTS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"unknown {key} {getattr(self, key)!r}; allowed: {', '.join(allowed)}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.pos_emb == "rope" and (self.n_embd // self.n_head) % 2:
@@ -52,12 +49,11 @@ class GPTConfig:
         if self.rope_fraction is not None and self.pos_emb != "rope":
             raise ValueError(f"rope_fraction={self.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {self.pos_emb!r}")
         if self.pos_emb == "rope":
-            rotating_pairs(self.n_embd // self.n_head, self.rope_fraction)  # validates it
+            rotating_pairs(self.n_embd // self.n_head, self.rope_fraction)  # raises for a bad fraction
         check_scaling(self.full_rope_scaling())
 
     def full_rope_scaling(self, scaling=None):
-        """`scaling` (default: the trained rope_scaling) with the original length defaulting to the model's
-        own context length, as transformers does."""
+        """`scaling` (default: as trained) whose original length defaults to block_size, as in transformers."""
         scaling = scaling or self.rope_scaling
         return {"original_max_position_embeddings": self.block_size, **scaling} if isinstance(scaling, dict) else scaling
 
@@ -72,12 +68,11 @@ class Positions(NamedTuple):
 
 
 class KVCache:
-    """Per-layer keys and values of the tokens seen so far. Keys are kept *before* rotation, so
-    every step re-rotates them with the frequencies for the current length: exact for dynamic NTK."""
+    """Per-layer keys and values so far, keys *before* rotation: every step re-rotates them with the frequencies
+    for the current length, exact for dynamic NTK."""
 
     def __init__(self, n_layer):
-        self.kv = [None] * n_layer
-        self.length = 0  # tokens already in the cache
+        self.kv, self.length = [None] * n_layer, 0  # length: tokens already in the cache
 
     def update(self, layer, k, v):
         if self.kv[layer] is not None:
@@ -94,8 +89,7 @@ def sinusoidal_embedding(positions, dim):
 
 
 def visible(T, Tk, window, device):
-    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) attend to key j: causal,
-    and within the last `window` positions when a window is set (the crop baseline)."""
+    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within `window`."""
     q = torch.arange(Tk - T, Tk, device=device)[:, None]
     k = torch.arange(Tk, device=device)
     return (k <= q) & (k > q - window) if window else k <= q
@@ -113,9 +107,8 @@ def alibi_slopes(n_head):
 
 
 def alibi_bias(slopes, T, Tk, window, device):
-    """ALiBi as a float attention mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) for each key
-    j that query i (the i-th of the T newest of Tk positions) sees, -inf for the others (causal, and the
-    window when set)."""
+    """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i (the i-th
+    of the T newest of Tk positions) sees key j, -inf elsewhere."""
     distance = torch.arange(Tk - T, Tk, device=device)[:, None] - torch.arange(Tk, device=device)
     bias = -slopes.to(device)[:, None, None] * distance
     return bias.masked_fill(~visible(T, Tk, window, device), float("-inf"))
@@ -129,9 +122,8 @@ def logn_scale(positions, train_len):
 
 
 def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
-    """Exact causal dynamic scaling: query t and every key it sees are rotated with inv_freq[t], the
-    frequencies for length t + 1. mask: bool [T, T], the keys each query sees. Chunks of queries keep the
-    re-rotated keys small (~16 MB)."""
+    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with inv_freq[t],
+    the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
     chunk = max(1, (1 << 22) // (B * H * T * D))
@@ -151,8 +143,7 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
 
 
 class Attend(nn.Module):
-    """softmax(q k^T / sqrt(d) + mask) v. A module of its own so that a probe can read its inputs through a
-    forward hook (eval/probes.py's attention entropy)."""
+    """softmax(q k^T / sqrt(d) + mask) v: a module so that a probe can read its inputs with a forward hook."""
 
     def forward(self, q, k, v, mask, dropout_p):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.size(2) > 1,
@@ -229,22 +220,18 @@ class GPT(nn.Module):
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)
-        self.apply(self._init_weights)
+        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer) (this order of draws: a
+        # seed gives the same weights as before)
+        self.apply(lambda m: torch.nn.init.normal_(m.weight, std=0.02) if isinstance(m, (nn.Linear, nn.Embedding)) else None)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
     def frequencies(self, seq_len, scaling=None):
-        """(inv_freq [head_dim/2], attention_factor) of RoPE for a forward over seq_len tokens with a
-        rope_scaling dict (None: as trained), p-RoPE's unrotated pairs at 0."""
+        """(inv_freq [head_dim/2], attention_factor) over seq_len tokens with a rope_scaling (None: as trained)."""
         cfg = self.config
         return rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, cfg.full_rope_scaling(scaling), seq_len,
                                 cfg.rope_fraction)
@@ -262,10 +249,8 @@ class GPT(nn.Module):
         return cos, sin, None
 
     def attention_mask(self, T, Tk, window, exact, device):
-        """The one mask of a forward whose T queries are the last of Tk positions: None where SDPA's causal
-        flag does it, else a bool [T, Tk] of the keys each query sees (causal, within `window` if set), or
-        ALiBi's float bias [H, T, Tk] that carries the masking as -inf. exact: the causal dynamic path,
-        which always takes the bool mask."""
+        """The one mask of a forward (T queries, the last of Tk positions): None where SDPA's causal flag does
+        it, else bool [T, Tk] (causal, within `window`), or ALiBi's float bias [H, T, Tk] with -inf masking."""
         if self.config.pos_emb == "alibi":
             return alibi_bias(alibi_slopes(self.config.n_head), T, Tk, window, device)
         if not exact and (not window or window >= Tk) and T in (1, Tk):
@@ -319,9 +304,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **positions):
-        """Sample max_new_tokens after idx [B, T] with a KV cache (no cropping: past block_size the
-        position encoding extrapolates, which is the point of this project). positions: how every step
-        treats positions (GPT.forward's rope_scaling, window, logn_len), as in the evaluation."""
+        """Sample max_new_tokens after idx [B, T] through a KV cache, every step with the same `positions`
+        (GPT.forward's rope_scaling, window, logn_len): past block_size the encoding extrapolates."""
         cache = KVCache(self.config.n_layer)
         logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), positions.get("rope_scaling"))], cache=cache, **positions)
         for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward

@@ -5,10 +5,8 @@ Scaling is a Hugging Face style dict (the keys `transformers` uses in `config.ro
 `config.rope_parameters`, which may also carry the base as `rope_theta`), e.g.
     {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256}
 Keys a method does not use are ignored, as transformers dicts carry others (mscale, partial_rotary_factor).
-NTK-by-parts is YaRN without its temperature: a yarn dict with "attention_factor": 1.0.
-Each method is one small function returning (inv_freq, attention_factor); the attention factor
-multiplies both cos and sin, as in `transformers`, so attention logits get its square.
-p-RoPE (a `fraction` of the pairs rotating) applies on top of any scaling: see rotating_pairs.
+NTK-by-parts is YaRN without its temperature ("attention_factor": 1.0). One small function per method; the
+attention factor multiplies cos and sin, as in `transformers`, so logits get its square. p-RoPE: rotating_pairs.
 References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), Llama 3.1 (Meta 2024),
 p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024).
 """
@@ -33,14 +31,12 @@ def linear_inv_freq(dim, base, factor):
 
 
 def ntk_inv_freq(dim, base, factor):
-    # NTK-aware: stretch the base so the lowest frequency is interpolated by `factor`
-    # while the highest is (almost) untouched
+    # NTK-aware: stretch the base so the lowest frequency is interpolated by `factor`, the highest (almost) kept
     return default_inv_freq(dim, base * factor ** (dim / (dim - 2)))
 
 
 def dynamic_inv_freq(dim, base, factor, original_len, seq_len):
-    # Dynamic NTK, numerics as in transformers: `factor` is an extra NTK multiplier `a`
-    # (a = 1 is plain dynamic NTK), the scale follows the current length.
+    # Dynamic NTK as in transformers: `factor` is an extra NTK multiplier a (1: plain), the scale follows the length
     if seq_len is None or seq_len <= original_len:
         return default_inv_freq(dim, base)
     scale = factor * seq_len / original_len - (factor - 1)
@@ -162,10 +158,8 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
                                  scaling.get("truncate", True))
         # validated > 0 when given, so only a missing one falls back to YaRN's temperature
         attention_factor = scaling.get("attention_factor") or yarn_attention_factor(factor)
-    # p-RoPE: the method scales the frequencies exactly as for full RoPE (its formulas keep the full head_dim,
-    # so every rotating pair gets what it would get there), then the lowest pairs are set to 0: an unrotated
-    # pair carries no position, so there is nothing on it to scale. YaRN's temperature still multiplies it,
-    # since it is meant for the whole logit.
+    # p-RoPE: scaled as full RoPE (every rotating pair gets what it gets there), then the lowest pairs set to 0:
+    # an unrotated pair carries no position to scale. YaRN's temperature is for the whole logit, so it stays.
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
     return inv_freq.float(), float(attention_factor)
 

@@ -30,7 +30,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def arg_parser(doc):
-    """An ArgumentParser described by doc's first paragraph, whose errors raise ValueError."""
     return _Parser(description=doc.split("\n\n")[0].strip())
 
 
@@ -57,7 +56,6 @@ def number(text, name, convert, minimum):
 
 
 def pick_device(name):
-    """The device a command runs on: auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps."""
     kind, available = name.split(":")[0], dict(cuda=torch.cuda.is_available, mps=torch.backends.mps.is_available)
     if kind not in ("auto", "cpu", "cuda", "mps"):
         raise ValueError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
@@ -84,8 +82,7 @@ def data_dir(dataset):
     return Path(dataset) if Path(dataset).is_absolute() else ROOT / "data" / dataset
 
 
-def synced(f):
-    """Flush f to the disk, so that renaming it into place is safe against a crash."""
+def synced(f):  # flush f to the disk, so that renaming it into place is safe against a crash
     f.flush()
     os.fsync(f.fileno())
 

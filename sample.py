@@ -54,7 +54,6 @@ def generate_truncated(model, idx, max_new_tokens, temperature, top_k):
 
 
 def sample(args):
-    """Print and return the samples (prompt + continuation, as text)."""
     ckpt = load_checkpoint(args["run_dir"], args["device"])
     model = model_from_checkpoint(ckpt).to(args["device"]).eval()
     cfg = model.config
@@ -73,9 +72,8 @@ def sample(args):
           file=sys.stderr)
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
-    _, ctx = autocast("auto", torch.device(args["device"]).type)
     new = (args["max_new_tokens"], args["temperature"], args["top_k"] or None)
-    with ctx:
+    with autocast("auto", torch.device(args["device"]).type)[1]:
         out = generate_truncated(model, idx, *new) if truncates(method, cfg.pos_emb) else model.generate(idx, *new, **kwargs)
     samples = [(text or "") + enc.decode(row[len(prompt):].tolist()) for row in out]
     print(*samples, sep="\n---------------\n", end="\n---------------\n")

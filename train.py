@@ -34,20 +34,15 @@ DEFAULTS = dict(
     init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
     overwrite=False,  # True: a new run replaces the one in out_dir (else that is an error)
     eval_interval=250, eval_iters=20, log_interval=25,  # iterations between evaluations (and checkpoints); batches per one
-    # wandb: online if logged in, else offline (`wandb sync` later); names default to out_dir's, the group to the run's
-    wandb_log=True, wandb_project="ropelab", wandb_run_name="", wandb_group="",
+    wandb_log=True, wandb_project="ropelab", wandb_run_name="", wandb_group="",  # names: out_dir's; offline if no login
     dataset="shakespeare",  # data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder
     batch_size=16, gradient_accumulation_steps=1,  # both per process
-    # this fraction of each batch is synthetic copy rows (data/synthetic.py), of ids < retrieval_vocab (0: all but EOT)
-    retrieval_mix=0.0, retrieval_segment=32, retrieval_vocab=0,
-    # model: GPTConfig's fields (model.py) with its defaults; block_size is the training length
-    **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},
-    # AdamW, linear warmup then cosine decay to min_lr
-    learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
-    warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,
+    retrieval_mix=0.0, retrieval_segment=32, retrieval_vocab=0,  # copy rows in each batch: data/synthetic.py
+    **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},  # GPTConfig's; block_size: training length
+    learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,  # AdamW
+    warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,  # linear warmup then cosine decay to min_lr
     device="auto",  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
-    dtype="auto",  # auto (bfloat16 on CUDA if supported, else float32) | float32 | bfloat16 | float16
-    compile=False,  # torch.compile the model
+    dtype="auto", compile=False,  # dtype auto: bfloat16 on CUDA if supported, else float32 (see CHOICES)
     seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
 )
 FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
@@ -89,9 +84,8 @@ def load_config(argv):
         else:
             if not Path(arg).is_file():
                 raise FileNotFoundError(f"config file {arg} not found (see configs/)")
-            namespace = {}
             try:
-                exec(compile(Path(arg).read_text(), arg, "exec"), namespace)
+                exec(compile(Path(arg).read_text(), arg, "exec"), namespace := {})
             except Exception as e:  # whatever a config file raises, it is that file's error
                 raise ValueError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
             for key, value in namespace.items():
@@ -121,8 +115,7 @@ def lr_at(it, c):
 
 
 def base_bound_note(cfg, eval_multiple=16):
-    """A line when the RoPE base is below Men et al.'s bound (B_m < 0 somewhere) for the training length or
-    the lengths the extrapolation evaluates (up to eval_multiple x), else None."""
+    """A line if the RoPE base is below Men et al.'s bound (B_m < 0) up to eval_multiple x block_size, else None."""
     L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
     if cfg.pos_emb == "rope" and (m := first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction)):
         reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
@@ -168,8 +161,7 @@ def live_pid(lock):
 
 @contextmanager
 def run_folder(config):
-    """out_dir, made and locked (out_dir/.lock holds the pid; a lock whose process has died is taken over). A run in it
-    is continued with init_from=resume or replaced with overwrite=True, never overwritten by accident."""
+    """out_dir, made and locked: out_dir/.lock holds the pid, and a lock whose process has died is taken over."""
     out_dir, lock = Path(config["out_dir"]), Path(config["out_dir"]) / ".lock"
     if out_dir.is_file():
         raise ValueError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
@@ -208,8 +200,7 @@ def inputs_targets(rows, device):
 
 @torch.no_grad()
 def estimate_loss(model, splits, config, ctx, device, copy_vocab):
-    """Mean loss on fixed batches of each split (plain text), and with retrieval_mix the top-1 accuracy of
-    copying a random segment at distances spread over [segment, block_size] in held-out text."""
+    """Mean loss on fixed batches of each split; with retrieval_mix, copy_top1: top-1 accuracy on repeated segments."""
     model.eval()
     rng = np.random.default_rng(0)  # the same batches at every evaluation, so the curve is not noise
     B, T = config["batch_size"], config["block_size"]
@@ -221,8 +212,7 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
     if config["retrieval_mix"]:
         k = config["retrieval_segment"]
         distances = np.linspace(k, T + 1 - k, 4 * B).round()  # spread over every distance inside the window
-        rows = copy_rows(get_rows(splits["val"], 4 * B, T, rng), rng, k, distances, copy_vocab)
-        x, y = inputs_targets(rows, device)
+        x, y = inputs_targets(copy_rows(get_rows(splits["val"], 4 * B, T, rng), rng, k, distances, copy_vocab), device)
         with ctx:
             logits, _ = model(x)
         losses["copy_top1"] = (logits[:, -(k - 1):].argmax(-1) == y[:, -(k - 1):]).float().mean().item()

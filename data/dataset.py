@@ -1,5 +1,4 @@
-"""The prepared-dataset format (docs/reference.md, "Data"), written by the data/<corpus>/prepare.py scripts and
-read here, checked against meta.json's sizes and sha256s, for training batches and evaluation windows."""
+"""The prepared-dataset format (docs/reference.md, "Data"): its writer, for data/*/prepare.py, and its checked readers."""
 import hashlib
 import json
 import os
@@ -18,9 +17,7 @@ from runtime import synced, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
-# GPT-2 BPE cut to its first 2047 merges + EOT: the output layer is the costliest part of a small
-# model on a CPU, and 2048 was ~2x faster than 8192 for the small configs (README)
-VOCAB_SIZE = 2048
+VOCAB_SIZE = 2048  # GPT-2 BPE's first 2047 merges + EOT: the output layer dominates a small model on a CPU (README)
 SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's; else shakespeare_v<N>
 VERIFY_ONCE_BYTES = 1 << 30  # a file larger than this is hashed once, then trusted while its size and mtime stay
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
@@ -43,8 +40,7 @@ def val_by_hash(key, val_fraction, seed=0):
 
 
 def _tokenized(enc, docs, workers):
-    """[(split, name, tokens)] chunk after chunk, in input order, by `workers` threads (tiktoken releases the GIL
-    while it encodes: no pickling); at most 2 * workers chunks in flight, so memory stays bounded."""
+    """[(split, name, tokens)] chunks in input order, from `workers` threads (tiktoken releases the GIL: no pickling)."""
     def tokenize(chunk):  # encode_ordinary: a literal "<|endoftext|>" in the text is just text
         return [(split, name, np.asarray(enc.encode_ordinary(text), dtype=np.uint16)) for split, name, text in chunk]
 
@@ -56,7 +52,7 @@ def _tokenized(enc, docs, workers):
             if size >= CHUNK_CHARS:
                 pending.append(pool.submit(tokenize, chunk))
                 chunk, size = [], 0
-            if len(pending) >= 2 * workers:
+            if len(pending) >= 2 * workers:  # bounded memory
                 yield pending.popleft().result()
         if chunk:
             pending.append(pool.submit(tokenize, chunk))
@@ -65,9 +61,8 @@ def _tokenized(enc, docs, workers):
 
 
 def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, seed=0, workers=1, keep_names=False):
-    """Tokenize a stream of (split, name, text) documents into out_dir; returns meta. Only the document bounds stay
-    in memory: tokens go to temp files, renamed into place after the old meta.json is removed and before the new
-    one is written, so a failure half-way leaves the previous dataset or nothing. keep_names: for named files."""
+    """Tokenize a stream of (split, name, text) documents into out_dir through temp files, atomically (docs/reference.md,
+    "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named files."""
     enc = gpt2_tokenizer(vocab_size)  # ids < 50257 fit in uint16
     eot = np.array([enc.eot_token], dtype=np.uint16).tobytes()
     out_dir = Path(out_dir)
@@ -105,8 +100,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
                 np.save(f, np.frombuffer(stats[s]["bounds"], dtype=np.int64).reshape(-1, 2))
                 synced(f)
             files[f"{s}_docs.npy"] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-        # drop the old meta.json first: while the files are swapped, nothing may vouch for the folder
-        (out_dir / "meta.json").unlink(missing_ok=True)
+        (out_dir / "meta.json").unlink(missing_ok=True)  # first: while the files are swapped, nothing may vouch for them
         for name, path in tmp.items():
             os.replace(path, out_dir / name)
     except BaseException:
@@ -157,7 +151,6 @@ def shakespeare_vocab(name):
 
 
 def prepare_command(data_dir):
-    """The command that (re)creates data_dir, for error messages."""
     name = Path(data_dir).name
     if vocab := shakespeare_vocab(name):
         return "python data/shakespeare/prepare.py" + {VOCAB_SIZE: "", 257: " --bytes"}.get(vocab, f" --vocab_size {vocab}")
@@ -165,8 +158,7 @@ def prepare_command(data_dir):
 
 
 def load_meta(data_dir, verify=True):
-    """meta.json, and (verify) every data file checked against its size and sha256; a damaged one is one line naming it.
-    Files over VERIFY_ONCE_BYTES are hashed once, then trusted while size and mtime match the stamp verified.json."""
+    """meta.json, and (verify) every data file checked against its size and sha256 (once, if over VERIFY_ONCE_BYTES)."""
     folder, fix = Path(data_dir), f"re-prepare it: {prepare_command(data_dir)}"
     if not (folder / "meta.json").is_file():
         raise FileNotFoundError(f"no prepared data in {data_dir} (missing meta.json); run: {prepare_command(data_dir)}")

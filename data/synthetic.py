@@ -1,11 +1,10 @@
-"""Synthetic retrieval sequences: a segment of random tokens planted in text and repeated `distance` tokens
-later. Mixed into training batches (train.py's retrieval_mix) they teach a small model to copy (an
-induction head), and the probes in eval/probes.py use the same generator to ask how far it still copies."""
+"""Synthetic retrieval sequences: random tokens repeated `distance` tokens later. Mixed into training batches (train.py's
+retrieval_mix) they teach a small model to copy (an induction head); eval/probes.py asks how far it still copies."""
 import numpy as np
 
 
 def plant_repeat(row, segment, start, distance):
-    """Write segment at row[start:] and again at row[start + distance:] (in place); returns row."""
+    """Write segment at row[start:] and again at row[start + distance:] (in place)."""
     k = len(segment)
     if distance < k:
         raise ValueError(f"distance {distance} is shorter than the segment ({k} tokens): the copies would overlap")
@@ -13,7 +12,6 @@ def plant_repeat(row, segment, start, distance):
         raise ValueError(f"a segment of {k} at {start} repeated at distance {distance} does not fit in {len(row)} tokens")
     row[start:start + k] = segment
     row[start + distance:start + distance + k] = segment
-    return row
 
 
 def random_vocab(retrieval_vocab, vocab_size):
@@ -41,16 +39,14 @@ def mix_copies(rows, rng, fraction, longest, vocab):
     """Replace the first round(fraction * B) rows of a [B, T+1] batch of text by copy_chunk_row rows (in place)."""
     for row in rows[:round(fraction * len(rows))]:
         row[:] = copy_chunk_row(rng, len(row), vocab, longest)
-    return rows
 
 
 def copy_rows(filler, rng, segment, distances, vocab):
     """Copy probe rows: filler [N, n] (a row per distance) with a random segment whose second copy ends the row,
     `distance` tokens after the first. Targets: its tokens 1..segment-1 (the first cannot be known), at n-segment .. n-2."""
     rows = np.array(filler, dtype=np.int64)  # a copy: the filler may be a read-only memmap
-    n = rows.shape[1]
     for row, d in zip(rows, np.asarray(distances, dtype=np.int64).tolist()):
-        plant_repeat(row, rng.integers(0, vocab, size=segment), n - segment - d, d)
+        plant_repeat(row, rng.integers(0, vocab, size=segment), len(row) - segment - d, d)
     return rows
 
 
@@ -70,5 +66,4 @@ def passkey_row(filler, encode, key, depth):
         raise ValueError(f"a passkey trial of {len(filler)} tokens is shorter than its needle, question and key "
                          f"({len(needle) + len(ask) + len(answer)} tokens); use a longer length")
     at = round(depth * room)
-    row = np.concatenate([filler[:at], needle, filler[at:room], ask, answer]).astype(np.int64)
-    return row, len(answer)
+    return np.concatenate([filler[:at], needle, filler[at:room], ask, answer]).astype(np.int64), len(answer)

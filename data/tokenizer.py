@@ -1,7 +1,5 @@
-"""Offline GPT-2 BPE tokenizer (tiktoken), optionally restricted to the first ranks.
-
-The GPT-2 ranks ship with the repo (data/gpt2.tiktoken): nothing is fetched at run time. Keeping only
-ranks < K is still a valid GPT-2 BPE: a merged token's two parts have lower ranks, so they survive the cut."""
+"""Offline GPT-2 BPE (tiktoken) from the ranks shipped in data/gpt2.tiktoken, optionally cut to the first ranks:
+keeping ranks < K is still a valid GPT-2 BPE, as a merged token's two parts have lower ranks and survive the cut."""
 import base64
 import functools
 import hashlib
@@ -26,8 +24,7 @@ def load_ranks(path=RANKS_PATH, sha256=RANKS_SHA256):
     raw = path.read_bytes()
     if (digest := hashlib.sha256(raw).hexdigest()) != sha256:
         raise ValueError(f"{path} has sha256 {digest}, expected {sha256}; the file is corrupted or not GPT-2's (restore it with: git checkout -- data/gpt2.tiktoken)")
-    pairs = (line.split() for line in raw.splitlines() if line)
-    return {base64.b64decode(token): int(rank) for token, rank in pairs}
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
 
 
 def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:

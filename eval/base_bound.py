@@ -16,12 +16,10 @@ from runtime import arg_parser, number, parse_list, run_cli
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
     """B_m for m = start .. max_len (float64); fraction (p-RoPE): only the highest pairs rotate, each other one adds 1."""
-    # the expected score gap between a key similar to the query and a random one at distance m is
-    # proportional to B_m, so B_m < 0 means attention no longer prefers the similar token at that distance
-    m = torch.arange(start, max_len + 1, dtype=torch.float64)
+    # B_m < 0: attention no longer prefers a key similar to the query at distance m (docs/methodology.md, base bound)
     inv_freq = default_inv_freq(head_dim, base)
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return torch.cos(m[:, None] * inv_freq).sum(-1)
+    return torch.cos(torch.arange(start, max_len + 1, dtype=torch.float64)[:, None] * inv_freq).sum(-1)
 
 
 def first_negative(head_dim, base, max_len, fraction=None):
@@ -37,10 +35,8 @@ def first_negative(head_dim, base, max_len, fraction=None):
 def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
     """The first base of the two-significant-digit grid (Table 2's resolution) from lowest with B_m >= 0 for m in
     1 .. context_len: an upward scan, as the passing bases are no interval (docs/methodology.md, the base bound)."""
-    exponent = math.floor(math.log10(lowest)) - 1
-    for base in (float(f"{m}e{e}") for e in itertools.count(exponent) for m in range(10, 100)):
-        if base > highest:
-            break
+    grid = (float(f"{m}e{e}") for e in itertools.count(math.floor(math.log10(lowest)) - 1) for m in range(10, 100))
+    for base in itertools.takewhile(lambda b: b <= highest, grid):
         if base >= lowest and first_negative(head_dim, base, context_len) is None:
             return base
     raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
@@ -53,11 +49,9 @@ def parse_args(argv):
     p.add_argument("--bases", default=None, help="bases to check and plot, e.g. 500,1e4,1e5,1e6")
     p.add_argument("--out", default=".", help="folder for base_bound.{json,png} (with --bases)")
     a = p.parse_args(argv)
-    head_dim = number(a.head_dim, "head_dim", int, 2)
-    if head_dim % 2:
+    if (head_dim := number(a.head_dim, "head_dim", int, 2)) % 2:
         raise ValueError(f"RoPE needs an even head dimension, got --head_dim {head_dim}")
-    lengths = parse_list(a.lengths, "lengths", int)
-    bases = parse_list(a.bases, "bases", float) if a.bases else []
+    lengths, bases = parse_list(a.lengths, "lengths", int), parse_list(a.bases, "bases", float) if a.bases else []
     if min(lengths) < 1 or any(not b > 1 for b in bases):
         raise ValueError(f"--lengths must be >= 1 and --bases > 1, got {a.lengths} and {a.bases}")
     return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out))
@@ -77,12 +71,11 @@ def plot(head_dim, bases, max_len):
 
 
 def base_bound(args):
-    d, lengths = args["head_dim"], args["lengths"]
-    smallest = {L: smallest_base(d, L) for L in lengths}
+    d, max_len = args["head_dim"], max(args["lengths"])
+    smallest = {L: smallest_base(d, L) for L in args["lengths"]}
     print(*(f"head dim {d}, context {L}: smallest base {b:.2g} (two significant digits)" for L, b in smallest.items()), sep="\n")
     if not args["bases"]:
         return smallest
-    max_len = max(lengths)
     fails = {b: first_negative(d, b, max_len) for b in args["bases"]}
     print(*(f"base {b:g}: " + (f"B_m < 0 first at m = {m}" if m else f"B_m >= 0 up to m = {max_len}")
             for b, m in fails.items()), sep="\n")

@@ -31,15 +31,13 @@ def load_report(run_dir, protocol=None):
 def lines(reports, protocol):
     """({row label: {multiple of train length: entry}}, the multiples in order): one row per run / method (mode)."""
     rows = {}
-    for rep in reports:
-        for r in (r for r in rep["results"] if r["protocol"] == protocol):
-            rows.setdefault(f"{rep['run']} / {label(r)}", {})[r["eval_len"] / rep["train_len"]] = r
+    for rep, r in ((rep, r) for rep in reports for r in rep["results"] if r["protocol"] == protocol):
+        rows.setdefault(f"{rep['run']} / {label(r)}", {})[r["eval_len"] / rep["train_len"]] = r
     return rows, sorted({m for cells in rows.values() for m in cells})
 
 
 def markdown(reports, metric, protocol):
     (rows, cols), train_lens = lines(reports, protocol), {rep["train_len"] for rep in reports}
-    # with one training length the columns can name the token count too
     head = [f"{m:g}x" + (f" ({round(m * min(train_lens))})" if len(train_lens) == 1 else "") for m in cols]
     body = [f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in cols) + " |" for name, cells in rows.items()]
     return (f"{metric.replace('_', ' ')} by eval length (multiples of the training length), {protocol} protocol\n\n"

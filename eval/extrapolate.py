@@ -85,15 +85,13 @@ def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kw
     if protocol == "sliding":
         return tuple(map(np.stack, zip(*(score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts))))
     L = model.config.block_size
-    # absolute positions: crop is truncation, every target past L predicted from its last L - L/8 + 1 to L
-    # tokens at the trained positions 0..L-1; stride 1 (exactly L) would cost one forward per target
+    # crop of an absolute encoding is truncation: windows of L at positions 0..L-1, L/8 apart (docs/methodology.md)
     nll = (np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])
            if truncates(method, model.config.pos_emb) else score_windows(model, tokens, starts, n, **kwargs))
     return nll, np.broadcast_to(np.arange(n), nll.shape)
 
 
 def mean_stderr(per_unit):
-    """Mean over units and its standard error (None with one unit)."""
     a = np.asarray(per_unit, dtype=np.float64)
     return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None
 
@@ -118,15 +116,12 @@ def summarize(nll, pos, train_len):
 
 def curves(nll, ref, edges):
     """Binned loss by position with its band (standard error over units), and the paired difference to `none`."""
-    def binned(a):
+    def binned(a, key, err_key):
         per_unit = np.stack([a[:, lo:hi].mean(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
         err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(per_unit.shape[1])
-        return per_unit.mean(axis=0).round(6).tolist(), err.round(6).tolist()
-    y, err = binned(nll)
-    out = dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), loss=y, stderr=err)
-    if ref is not None:
-        out["diff_none"], out["diff_none_stderr"] = binned(nll - ref)
-    return out
+        return {key: per_unit.mean(axis=0).round(6).tolist(), err_key: err.round(6).tolist()}
+    return dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), **binned(nll, "loss", "stderr"),
+                **({} if ref is None else binned(nll - ref, "diff_none", "diff_none_stderr")))
 
 
 def run_grid(model, tokens, docs, args, train_len):
@@ -202,28 +197,25 @@ def plot(report):
     fig, places = panels(plt, len(lens), 2, 2, (8, 7.5), gridspec_kw=dict(height_ratios=[3, 2] * math.ceil(len(lens) / 2)))
     for (top, bottom), T in zip(places, lens):
         for i, r in enumerate(r for r in entries if r["eval_len"] == T):
-            style = line_style(r["method"], i)
+            style, name = line_style(r["method"], i), f"{label(r)}: {fmt(r['ppl_beyond_train'] or r['ppl'])}"
             if not r["available"]:
-                top.plot([], [], " ", label=f"{label(r)}: n/a")
+                top.plot([], [], " ", label=name)  # "method: n/a" in the legend
                 continue
-            c = r["curve"]
-            x, y, e = np.array(c["x"]) + 1, np.array(c["loss"]), np.array(c["stderr"])
-            top.plot(x, y, lw=1.2, label=f"{label(r)}: {fmt(r['ppl_beyond_train'] or r['ppl'])}", **style)
-            top.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
-            if "diff_none" in c and r["method"] != "none":
-                d, de = np.array(c["diff_none"]), np.array(c["diff_none_stderr"])
-                bottom.plot(x, d, lw=1.2, **style)
-                bottom.fill_between(x, d - de, d + de, alpha=0.15, color=style["color"], lw=0)
+            c = r["curve"]  # a band per panel: the loss on top, the paired difference to none below
+            below = [(bottom, "diff_none", "diff_none_stderr", None)] if "diff_none" in c and r["method"] != "none" else []
+            for ax, key, err, legend in [(top, "loss", "stderr", name), *below]:
+                x, y, e = np.array(c["x"]) + 1, np.array(c[key]), np.array(c[err])
+                ax.plot(x, y, lw=1.2, label=legend, **style)
+                ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
         for ax in (top, bottom):
             ax.axvline(L, color="grey", ls=":", lw=1)
             if tuned:  # a fine-tuned run: its own training length too
                 ax.axvline(ctx_len, color="grey", ls="-.", lw=1)
-            ax.set_xscale("log" if report["bins"] == "log" else "linear")
         bottom.axhline(0, color="grey", lw=0.8)
         n = min(r["n_units"] for r in entries if r["eval_len"] == T)
         top.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
-                ylabel="NLL (mean over windows, binned)")
-        bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)")
+                ylabel="NLL (mean over windows, binned)", xscale=report["bins"])  # bins: linear or log
+        bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)", xscale=report["bins"])
         top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}); "
                  f"bands: one standard error over windows")
@@ -232,21 +224,18 @@ def plot(report):
 
 def log_wandb(report, ckpt, png_path):
     import wandb
-    run = init_wandb(ckpt["config"], "extrapolate", group=ckpt["config"].get("wandb_group") or report["run"])
-    run.log({"extrapolation/summary": wandb.Table(columns=list(CSV_FIELDS), data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])})
-    for T in sorted({r["eval_len"] for r in report["results"]}):
-        if curves := [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]:
-            run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
-                xs=curves[0]["curve"]["x"], ys=[r["curve"]["loss"] for r in curves], keys=[label(r) for r in curves],
-                title=f"NLL by position, eval length {T}", xname="position")})
-    run.log({"extrapolation/plot": wandb.Image(str(png_path))})
-    run.finish()
+    with init_wandb(ckpt["config"], "extrapolate", group=ckpt["config"].get("wandb_group") or report["run"]) as run:
+        run.log({"extrapolation/summary": wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])})
+        for T in sorted({r["eval_len"] for r in report["results"]}):
+            if curves := [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]:
+                run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
+                    xs=curves[0]["curve"]["x"], ys=[r["curve"]["loss"] for r in curves], keys=[label(r) for r in curves],
+                    title=f"NLL by position, eval length {T}", xname="position")})
+        run.log({"extrapolation/plot": wandb.Image(str(png_path))})
 
 
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
-    # a fine-tuned run is scored against the length its first run was trained at (lengths, factors, methods);
-    # crop keeps the run's own block_size, the longest context its weights were trained on
     train_len, pos_emb = original_len(ckpt), model.config.pos_emb
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "

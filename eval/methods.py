@@ -1,11 +1,7 @@
-"""
-The position methods every command shares (extrapolate, probes, sample, study): for each name, the
-arguments it passes to GPT.forward, the encodings it applies to, and what `crop` is for each encoding.
-Definitions and sources: docs/methodology.md. Nothing else in the repository decides any of this.
-"""
+"""The position methods every command shares: for each name its GPT.forward arguments, the encodings it applies
+to and what `crop` is per encoding (docs/methodology.md). Nothing else in the repository decides any of this."""
 METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
-ANY_ENCODING = ("none", "crop", "logn")  # act on attention, so they apply to every encoding (ALiBi's biases too);
-# the others rescale RoPE's frequencies (p-RoPE's rotating pairs are scaled as in full RoPE)
+ANY_ENCODING = ("none", "crop", "logn")  # act on attention (ALiBi too); the others rescale RoPE's frequencies
 ABSOLUTE = ("learned", "sinusoidal")  # added to the input: crop is truncation for them, a window for the others
 
 
@@ -19,14 +15,12 @@ def applicable(methods, pos_emb):
 
 
 def truncates(method, pos_emb):
-    """Is the method crop of an absolute encoding? Then it is truncation: each target predicted from its
-    own last L tokens at the trained positions 0..L-1, which the caller does by cutting the input."""
+    """crop of an absolute encoding is truncation (the caller cuts the input to its last L tokens)."""
     return method == "crop" and pos_emb in ABSOLUTE
 
 
 def original_len(ckpt):
-    """The length a run's first training was at: its block_size, or for a fine-tune the one it started from.
-    Every method scales from it."""
+    """The length every method scales from: the run's block_size, or for a fine-tune its origin's."""
     return (ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"]
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import math
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
@@ -127,7 +127,6 @@ def rotation_probe(model, args):
     for mult in args["lengths"]:
         T = round(mult * L)
         for method in args["methods"]:
-            # none, crop and logn have no rope_scaling: they leave the frequencies as trained
             freq, attention = model.frequencies(T, forward_args(method, T, L, L).get("rope_scaling"))
             ratio = [f / b if b else None for f, b in zip(freq.double().tolist(), base.tolist())]
             yield entry("rotation", method, T, attention_factor=attention, turns_train=(L * base / (2 * math.pi)).tolist(),
@@ -154,13 +153,11 @@ def attention_entropy(q, k, mask):
 def recording_entropy(model):
     """Per layer, a list that gets the attention entropy of each forward (hooks on model.Attend, removed on exit)."""
     records = [[] for _ in model.transformer.h]
-    hooks = [block.attn.attend.register_forward_hook(lambda module, inputs, output, r=r: r.append(
-        attention_entropy(*inputs[:2], inputs[3]))) for block, r in zip(model.transformer.h, records)]
-    try:
+    with ExitStack() as hooks:
+        for block, r in zip(model.transformer.h, records):
+            hooks.enter_context(block.attn.attend.register_forward_hook(
+                lambda module, inputs, output, r=r: r.append(attention_entropy(*inputs[:2], inputs[3]))))
         yield records
-    finally:
-        for h in hooks:
-            h.remove()
 
 
 def entropy_probe(model, tokens, docs, args):
@@ -188,12 +185,10 @@ def entropy_probe(model, tokens, docs, args):
 def plot_copy(report):
     L, (fig, axes) = report["train_len"], pyplot().subplots(1, 2, figsize=(13, 4.5))
     for i, method in enumerate(report["methods"]):
-        if not (rs := [r for r in report["results"] if r["probe"] == "copy" and r["method"] == method and r["available"]]):
-            continue
-        x = [r["distance"] / L for r in rs]
-        for ax, key in zip(axes, ("top1", "loss")):
-            ax.errorbar(x, [r[key] for r in rs], yerr=[r[f"{key}_stderr"] or 0 for r in rs], marker="o", ms=3,
-                        capsize=2, label=method, **line_style(method, i))
+        if rs := [r for r in report["results"] if r["probe"] == "copy" and r["method"] == method and r["available"]]:
+            for ax, key in zip(axes, ("top1", "loss")):
+                ax.errorbar([r["distance"] / L for r in rs], [r[key] for r in rs], marker="o", ms=3, capsize=2,
+                            yerr=[r[f"{key}_stderr"] or 0 for r in rs], label=method, **line_style(method, i))
     for ax, what in zip(axes, ("top-1 accuracy on the repeat", "loss on the repeat (nats)")):
         ax.axvline(1, color="grey", ls=":", lw=1)
         ax.set(xscale="log", xlabel="distance between the copies / training length", ylabel=what)
@@ -258,12 +253,11 @@ def plot_by_length(report, probe):
 
 def log_wandb(report, ckpt, pngs):
     import wandb
-    run = init_wandb(ckpt["config"], "probes", group=ckpt["config"].get("wandb_group") or report["run"])
     rows = [[r.get(k) for k in CSV_FIELDS] for r in report["results"] if r["probe"] in ("copy", "passkey")]
-    run.log({"probes/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows),
-             "probes/retrieves": (report["retrieval"] or {}).get("retrieves"),
-             **{f"probes/{p.stem}": wandb.Image(str(p)) for p in pngs}})
-    run.finish()
+    with init_wandb(ckpt["config"], "probes", group=ckpt["config"].get("wandb_group") or report["run"]) as run:
+        run.log({"probes/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows),
+                 "probes/retrieves": (report["retrieval"] or {}).get("retrieves"),
+                 **{f"probes/{p.stem}": wandb.Image(str(p)) for p in pngs}})
 
 
 def probes(args):
@@ -288,19 +282,15 @@ def probes(args):
         raise ValueError(f"nothing to probe: {r['method']} at {r['eval_len']} tokens: {r['reason']}" if r else
                          f"nothing to probe: the rotation probe needs RoPE, not pos_emb={pos_emb}; use --probes copy,passkey,entropy")
     copies = [r for r in results if r["probe"] == "copy"]
-    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L,
-                  pos_emb=pos_emb, checkpoint_iter=ckpt["iter_num"], options=args["options"],
-                  methods=methods, trials=args["trials"], segment=args["segment"], random_vocab=rvocab,
-                  retrieval=retrieval_check(copies, L) if copies else None, seconds=round(sum(seconds.values()), 1),
-                  seconds_by_probe=seconds, results=results)
-    # the figures drawn before any file is written (rotation and entropy only of available entries: none, no figure);
-    # rotation's per-pair and entropy's per-position lists live in the JSON only
-    out, draw = args["out"], dict(copy=plot_copy, passkey=plot_passkey)
+    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L, pos_emb=pos_emb,
+                  checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=methods, trials=args["trials"],
+                  segment=args["segment"], random_vocab=rvocab, retrieval=retrieval_check(copies, L) if copies else None,
+                  seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)
+    out, draw = args["out"], dict(copy=plot_copy, passkey=plot_passkey)  # every figure drawn before any file is written
     figures = {f"probe_{p}.png": draw[p](report) if p in draw else plot_by_length(report, p)
                for p in PROBES if any(r["probe"] == p and (r["available"] or p in draw) for r in results)}
     write_all(out, {**figures, **json_csv("probes", report, [r for r in results if r["probe"] in ("copy", "passkey")], CSV_FIELDS)})
-    print(summary(report))
-    print(f"{len(results)} probe entries in {report['seconds']:.0f}s ("
+    print(f"{summary(report)}\n{len(results)} probe entries in {report['seconds']:.0f}s ("
           + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, " + ", ".join(figures))
     if args["wandb"] and ckpt["config"].get("wandb_log", False):
         log_wandb(report, ckpt, [out / name for name in figures])
@@ -313,13 +303,12 @@ def summary(report):
         "the run copies" if c["retrieves"] else "not checked: no copy distance fits in it (try --distances 0.5)"
         if c["inside_top1"] is None else "the run does NOT copy: the probes compare nothing")] if c else []
     for probe, key, col, by in (("copy", "top1", "distance", "distance"), ("passkey", "exact", "eval_len", "length (mean over depths)")):
-        if not (rs := [r for r in report["results"] if r["probe"] == probe]):
-            continue
-        cols = sorted({r[col] for r in rs})
-        lines.append(f"{probe} {key} by {by}: " + " ".join(f"{c:>7}" for c in cols))
-        for m in report["methods"]:
-            cells = [[r[key] for r in rs if r["method"] == m and r["available"] and r[col] == c] for c in cols]
-            lines.append(f"  {m:<12}" + " ".join(f"{np.mean(v):7.3f}" if v else "    n/a" for v in cells))
+        if rs := [r for r in report["results"] if r["probe"] == probe]:
+            cols = sorted({r[col] for r in rs})
+            lines.append(f"{probe} {key} by {by}: " + " ".join(f"{c:>7}" for c in cols))
+            for m in report["methods"]:
+                cells = [[r[key] for r in rs if r["method"] == m and r["available"] and r[col] == c] for c in cols]
+                lines.append(f"  {m:<12}" + " ".join(f"{np.mean(v):7.3f}" if v else "    n/a" for v in cells))
     return "\n".join(lines)
 
 

@@ -1,10 +1,8 @@
-"""Formatting, figure layout and output writing shared by the scripts that print, plot or compare results
-(no torch here)."""
+"""Formatting, figure layout and output writing shared by the scripts that print, plot or compare (no torch here)."""
 import csv
 import io
 import json
 import math
-import os
 
 
 def label(r):
@@ -43,12 +41,11 @@ def json_csv(name, report, rows, fields):
 
 
 def write_all(out, files):
-    """Write {name: text or bytes} into the folder out, each through a temp file renamed over the old one: call it last."""
+    """Write {name: text or bytes} into the folder out, each atomically (runtime.write_atomic): call it last."""
+    from runtime import write_atomic  # runtime imports torch: not on import of this module
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
-        tmp = out / f".{name}.{os.getpid()}.tmp"
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, out / name)
+        write_atomic(out / name, lambda f: f.write(data.encode() if isinstance(data, str) else data))
 
 
 def panels(plt, n, per_row, stacked, size, **subplots):
@@ -64,5 +61,4 @@ def panels(plt, n, per_row, stacked, size, **subplots):
 
 
 def line_style(method, i):
-    """crop, the baseline, black and dashed; any other method the i-th colour."""
     return dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}")

@@ -31,12 +31,11 @@ def score_rows(model, rows, tokens_per_batch=16384, **positions):
     """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1], each from position 0, in batches <= tokens_per_batch."""
     rows = np.asarray(rows, dtype=np.int64)
     N, n, device = rows.shape[0], rows.shape[1] - 1, next(model.parameters()).device
-    _, ctx = autocast("auto", device.type)  # bf16 on CUDA if supported, float32 on CPU
     batch = max(1, tokens_per_batch // n)
     nll, hit = np.empty((N, n), dtype=np.float64), np.empty((N, n), dtype=bool)
     for i in range(0, N, batch):
         chunk = torch.from_numpy(rows[i:i + batch]).to(device)
-        with ctx:
+        with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
             logits, _ = model(chunk[:, :-1], **positions)
         # per token, in float32 (as the model's own loss), not averaged: positions are the point
         y = chunk[:, 1:]

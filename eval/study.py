@@ -36,8 +36,7 @@ def step(what, cmd):
 def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     """Train (or resume) and evaluate one run unless that is done already; returns its folder."""
     run_dir = out / (name := f"{Path(config).stem}_seed{seed}")
-    done = last_iter(run_dir)
-    if done is None or done[0] < done[1]:
+    if (done := last_iter(run_dir)) is None or done[0] < done[1]:
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
                                f"--wandb_group={out.name}", f"--wandb_run_name={name}",
                                *(a.replace("{seed}", str(seed)) for a in train_args),
@@ -67,13 +66,11 @@ def interval(values):
 def aggregate(reports):
     """{config: [per-seed extrapolation reports]} -> one row per (config, protocol, method, mode, length)."""
     rows = {}
-    for config, seeds in reports.items():
-        for rep in seeds:
-            for r in rep["results"]:
-                row = rows.setdefault((config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
-                                      train_len=rep["train_len"], **dict.fromkeys(METRICS), per_seed={m: [] for m in METRICS}))
-                for m in METRICS:
-                    row["per_seed"][m].append(r[m])
+    for config, rep, r in ((c, rep, r) for c, seeds in reports.items() for rep in seeds for r in rep["results"]):
+        row = rows.setdefault((config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
+                              train_len=rep["train_len"], **dict.fromkeys(METRICS), per_seed={m: [] for m in METRICS}))
+        for m in METRICS:
+            row["per_seed"][m].append(r[m])
     return [dict(row, **{m: interval(v) for m, v in row["per_seed"].items()}) for row in rows.values()]
 
 
@@ -110,12 +107,10 @@ def table(cells, cols, L):
 
 
 def markdown(rows, seeds, probe_rows=()):
-    """The tables of the study's rows, then those of its probe rows."""
     lens, L, tables = sorted({r["eval_len"] for r in rows}), rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         for metric, title, transform, digits in (
-                ("loss", "perplexity", math.exp, 1),
-                ("loss_beyond_train", "perplexity beyond the training length", math.exp, 1),
+                ("loss", "perplexity", math.exp, 1), ("loss_beyond_train", "perplexity beyond the training length", math.exp, 1),
                 ("diff_crop", "loss minus crop on the same windows (nats; < 0: the longer context helps)", lambda x: x, 3),
                 ("diff_none", "loss minus none on the same windows (nats)", lambda x: x, 3)):
             cells = [((r["config"], label(r)), r["eval_len"], cell(r[metric], transform, digits))
@@ -156,14 +151,13 @@ def plot(rows):
 
 def log_wandb(study, out, png_path, md):
     import wandb
-    run = init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
-                     "study", group=out.name)
     cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
             + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi")] for r in study["rows"]]
-    run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
-             "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
-    run.finish()
+    with init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
+                    "study", group=out.name) as run:
+        run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
+                 "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
 
 
 def from_root(path):
@@ -172,7 +166,6 @@ def from_root(path):
 
 
 def parse_args(argv):
-    """The study's options, with everything it passes on to train.py, extrapolate.py and probes.py checked."""
     p = arg_parser(__doc__)
     p.add_argument("configs", nargs="+", help="config files (configs/*.py)")
     for name, default, text in (

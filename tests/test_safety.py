@@ -158,11 +158,14 @@ def test_fine_tune_takes_the_original_length_from_origin(dataset, tmp_path, caps
 
 # ----------------------------------------------------------------------------- small one-line errors
 
-@pytest.mark.parametrize("option", ["--steps=0", "--steps=-3", "--steps=abc", "--vocab_size=0", "--vocab_size=x"])
-def test_bench_counts_must_be_positive_integers(option):
+@pytest.mark.parametrize("option, why", [("--steps=0", "--steps must be >= 1, got 0"), ("--steps=-3", "got -3"),
+                                         ("--steps=abc", "--steps 'abc' is not an integer"),
+                                         ("--vocab_size=0", "--vocab_size must be >= 1"),
+                                         ("--vocab_size=x", "--vocab_size 'x' is not an integer")])
+def test_bench_counts_must_be_positive_integers(option, why):
     with pytest.raises(SystemExit) as e:
         run_cli("bench.py", bench.bench, ["--device=cpu", option])
-    one_line(str(e.value), f"{option} must be an integer >= 1")
+    one_line(str(e.value), "bench.py: error: " + option.split("=")[0], why)
 
 
 def test_cuda_on_a_cpu_only_torch_is_one_line(tmp_path, monkeypatch):

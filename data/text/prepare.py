@@ -4,8 +4,7 @@ tokenized in parallel and split by whole document into train and val.
     python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
                                 [--vocab_size N] [--val_fraction F] [--workers N]
 
-SOURCE (a folder, a .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG]), the split, the format, the guarantees
-and the errors: docs/reference.md ("Preparing any corpus").
+SOURCE's forms, the split, the format, the guarantees and the errors: docs/reference.md ("Preparing any corpus").
 """
 import gzip
 import hashlib
@@ -50,12 +49,11 @@ def list_files(path):
 
 
 def fingerprint(root, files):
-    """sha256 over the relative path, size and content of every file, in order (unlike mtimes, it misses no change)."""
+    """sha256 of each file's path, size and content, length-prefixed so no two lists hash alike (mtimes miss changes)."""
     h = hashlib.sha256()
     with tqdm(total=sum(p.stat().st_size for p in files), desc="hashing", unit="B", unit_scale=True,
               disable=None, leave=False) as bar:
         for path in files:
-            # length-prefixed fields, so that different (path, content) lists can never hash alike
             rel = path.relative_to(root).as_posix().encode()
             h.update(len(rel).to_bytes(8, "little") + rel + path.stat().st_size.to_bytes(8, "little"))
             with open(path, "rb") as f:
@@ -97,23 +95,18 @@ def jsonl_texts(path, rel, field):
         raise ValueError(f"{path}: not a readable gzip file ({type(e).__name__}: {e})") from None
 
 
-def check_parquet(path, field):
+def check_parquet(files, field):
     """Fail before anything is written if a Parquet file has no text column named field."""
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
-    if field not in schema.names:
-        raise ValueError(f"{path}: no {field!r} column (it has: {', '.join(schema.names)}); pass --text_field")
-    kind = schema.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ValueError(f"{path}: column {field!r} is {kind}, not text")
-
-
-def parquet_texts(path, rel, field):
-    batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
-    texts = (text for batch in batches for text in batch.column(0).to_pylist())
-    return ((f"{rel}:{row}", text or "") for row, text in enumerate(texts))
+    for path in (p for p in files if suffix(p) == ".parquet"):
+        try:
+            schema = pq.read_schema(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+        if field not in schema.names:
+            raise ValueError(f"{path}: no {field!r} column (it has: {', '.join(schema.names)}); pass --text_field")
+        kind = schema.field(field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ValueError(f"{path}: column {field!r} is {kind}, not text")
 
 
 def file_records(root, files, field):
@@ -123,7 +116,9 @@ def file_records(root, files, field):
         if path.name.endswith(".txt"):
             yield rel, read_text(path)
         elif path.name.endswith(".parquet"):
-            yield from parquet_texts(path, rel, field)
+            batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field])
+            texts = (text for batch in batches for text in batch.column(0).to_pylist())
+            yield from ((f"{rel}:{row}", text or "") for row, text in enumerate(texts))
         else:
             yield from jsonl_texts(path, rel, field)
 
@@ -164,8 +159,7 @@ def default_name(source):
     return path.name[:-len(suffix(path))] if path.is_file() and suffix(path) else path.name
 
 
-def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None,
-            out_dir=None) -> Path:
+def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None, out_dir=None):
     """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs."""
     source = str(source)
     name = name or default_name(source)
@@ -181,13 +175,12 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r} is not allowed; use an integer >= 1")
     out_dir = Path(out_dir) if out_dir is not None else DATA_ROOT / name
-    hf = source.startswith(HF)
-    if hf:
+    if hf := source.startswith(HF):
         spec = source[len(HF):]
         if not spec.split(":")[0]:
             raise ValueError(f"{source!r} is not allowed; use hf:NAME or hf:NAME:CONFIG")
         # a Hugging Face dataset is known by its name: a re-run does not notice a new upstream revision
-        named, origin = False, {"hf": spec, "split": "train", "text_field": text_field}
+        named, files, origin = False, [], {"hf": spec, "split": "train", "text_field": text_field}
     else:
         path = Path(source).resolve()
         root, files = list_files(path)
@@ -199,9 +192,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if is_prepared(out_dir, vocab_size=vocab_size, source=origin, val_fraction=val_fraction):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
-    for path in [] if hf else files:  # a Parquet file without the text column fails before anything is written
-        if suffix(path) == ".parquet":
-            check_parquet(path, text_field)
+    check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
     if named:  # a .txt file is a document, split exactly: the names are known
