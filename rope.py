@@ -43,8 +43,7 @@ def dynamic_inv_freq(dim, base, factor, original_len, seq_len):
     return default_inv_freq(dim, base * scale ** (dim / (dim - 2)))
 
 
-def yarn_correction_dim(num_rotations, dim, base, original_len):
-    # the pair index whose wavelength fits `num_rotations` times into the original context
+def yarn_correction_dim(num_rotations, dim, base, original_len):  # the pair turning num_rotations times over L
     return dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
@@ -64,8 +63,7 @@ def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0
     return extrapolated * (1 - ramp) + (extrapolated / factor) * ramp
 
 
-def yarn_attention_factor(factor):
-    # sqrt(1/t) = 0.1 ln(s) + 1, applied to q and k alike
+def yarn_attention_factor(factor):  # sqrt(1/t) = 0.1 ln(s) + 1, applied to q and k alike
     return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 

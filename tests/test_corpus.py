@@ -102,6 +102,8 @@ def test_second_run_is_a_noop(corpus, tmp_path, capsys):
     assert "already prepared" in capsys.readouterr().out
     assert {f: (out / f).stat().st_mtime_ns for f in before} == before
     prepare(folder, vocab_size=VOCAB, out_dir=out, val_fraction=0.5)  # other options: prepared again
+    with pytest.raises(ValueError, match=f"holds data at vocab_size {VOCAB}; give --name another folder for 1024"):
+        prepare(folder, vocab_size=1024, out_dir=out)  # another vocabulary never rewrites data runs were trained on
     assert load_meta(out)["val_fraction"] == 0.5 and (out / "val.bin").stat().st_mtime_ns != before["val.bin"]
 
 

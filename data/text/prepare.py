@@ -192,6 +192,8 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if is_prepared(out_dir, vocab_size=vocab_size, source=origin, val_fraction=val_fraction):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
+    if (old := is_prepared(out_dir)) and old["vocab_size"] != vocab_size:  # runs trained on it would lose their data
+        raise ValueError(f"{out_dir} holds data at vocab_size {old['vocab_size']}; give --name another folder for {vocab_size}")
     check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
