@@ -16,13 +16,12 @@ import torch
 
 from model import GPT, GPTConfig
 from runtime import autocast, number, peak_flops, pick_device, run_cli
-from train import load_config, model_config
+from config import load_config, model_config
 
 OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
 
 
 def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
-    """One AdamW step, clipped as train.py does."""
     with ctx:
         _, loss = model(x, y)
     loss.backward()

@@ -1,5 +1,4 @@
-"""A study: configs x seeds, each trained and evaluated one at a time (resuming where it stopped), then aggregated across
-seeds into study.{json,md,png} in --out, written once all is aggregated. Options: README.md; outputs: docs/reference.md."""
+"""A study: configs x seeds trained and evaluated one at a time (resuming), aggregated into study.{json,md,png} (README.md)."""
 import json
 import math
 import shlex
@@ -15,7 +14,7 @@ from eval.extrapolate import parse_args as eval_options
 from eval.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
 from runtime import ROOT, arg_parser, init_wandb, load_checkpoint, number, run_cli
-from train import load_config
+from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop")
 KEYS = ("protocol", "method", "mode", "eval_len")  # with the config, what a row aggregates over seeds

@@ -142,7 +142,7 @@ def test_cli_exits_nonzero_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--n_layers=2"], capture_output=True, text=True)
     assert proc.returncode != 0
     assert proc.stderr.strip() == ("train.py: error: unknown config key 'n_layers' (from --n_layers=2); the keys are "
-                                   "DEFAULTS in train.py and GPTConfig's fields in model.py")
+                                   "DEFAULTS in config.py and GPTConfig's fields in model.py")
 
 
 def test_a_failed_corpus_download_is_one_line(tmp_path, monkeypatch):

@@ -1,0 +1,80 @@
+"""A run's config: the defaults, then config files (plain assignments) and --key=value, each checked (train, bench, study)."""
+import ast
+from dataclasses import fields
+from pathlib import Path
+from types import ModuleType
+
+from model import GPTConfig
+
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # vocab_size comes from the data
+
+DEFAULTS = dict(
+    out_dir="out/default",
+    init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
+    overwrite=False,  # True: a new run replaces the one in out_dir (else that is an error)
+    eval_interval=250, eval_iters=20, log_interval=25,  # iterations between evaluations (and checkpoints); batches per one
+    wandb_log=True, wandb_project="ropelab", wandb_run_name="", wandb_group="",  # names: out_dir's; offline if no login
+    dataset="shakespeare",  # data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder
+    batch_size=16, gradient_accumulation_steps=1,  # both per process
+    retrieval_mix=0.0, retrieval_segment=32, retrieval_vocab=0,  # copy rows in each batch: data/synthetic.py
+    **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},  # GPTConfig's; block_size: training length
+    learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,  # AdamW
+    warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,  # linear warmup then cosine decay to min_lr
+    device="auto", dtype="auto", compile=False,  # auto: cuda, then mps, then cpu; bfloat16 on CUDA if supported, else float32
+    seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
+)
+FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
+CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"))
+POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
+
+
+# ----------------------------------------------------------------------------- config
+
+def set_key(config, key, value, source):
+    if key not in DEFAULTS:
+        raise ValueError(f"unknown config key {key!r} (from {source}); the keys are "
+                         "DEFAULTS in config.py and GPTConfig's fields in model.py")
+    default = DEFAULTS[key]
+    if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)):
+        raise ValueError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
+    if type(default) in (int, float) and not value >= (1 if key in POSITIVE else 0):  # `not >=` also catches nan
+        raise ValueError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
+    if key == "retrieval_mix" and value > 1:
+        raise ValueError(f"retrieval_mix={value!r} (from {source}) is a fraction of each batch: use 0..1")
+    config[key] = float(value) if type(default) is float else value
+
+
+def load_config(argv):
+    config = dict(DEFAULTS)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, text = arg[2:].partition("=")
+            if not eq:
+                raise ValueError(f"expected --key=value, got {arg!r}")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text  # a bare string such as --device=cpu
+            set_key(config, key, value, arg)
+        else:
+            if not Path(arg).is_file():
+                raise FileNotFoundError(f"config file {arg} not found (see configs/)")
+            try:
+                exec(compile(Path(arg).read_text(), arg, "exec"), namespace := {})
+            except Exception as e:  # whatever a config file raises, it is that file's error
+                raise ValueError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
+            for key, value in namespace.items():
+                if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
+                    set_key(config, key, value, arg)
+    config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
+    model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
+    if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
+        raise ValueError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
+                         f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
+    return config
+
+
+def model_config(config, vocab_size):
+    return GPTConfig(vocab_size=vocab_size, **{k: config[k] for k in MODEL_KEYS})
