@@ -65,6 +65,7 @@ class Positions(NamedTuple):
     mask: torch.Tensor | None  # None: plain causal; bool [T, Tk] keys each query sees; float [H, T, Tk] ALiBi bias
     q_scale: torch.Tensor | None  # [T, 1] log-n scaling of each query
     per_query: tuple | None  # (inv_freq [T, head_dim/2], attention_factor): exact causal dynamic scaling
+    sinks: tuple | None  # StreamingLLM with RoPE: (n sinks, cos, sin [T, head_dim] of each query at its cache position)
 
 
 class KVCache:
@@ -88,11 +89,17 @@ def sinusoidal_embedding(positions, dim):
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
-def visible(T, Tk, window, device):
-    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within `window`."""
+def visible(T, Tk, window, device, sinks=0):
+    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within `window`,
+    which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
     q = torch.arange(Tk - T, Tk, device=device)[:, None]
     k = torch.arange(Tk, device=device)
-    return (k <= q) & (k > q - window) if window else k <= q
+    return (k <= q) & ((k > q - window + sinks) | (k < sinks)) if window else k <= q
+
+
+def cache_positions(T, Tk, window, device):
+    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window - 1."""
+    return torch.arange(Tk - T, Tk, device=device).clamp(max=window - 1)
 
 
 def alibi_slopes(n_head):
@@ -106,12 +113,15 @@ def alibi_slopes(n_head):
     return torch.tensor(geometric(p) + geometric(2 * p)[0::2][:n_head - p])
 
 
-def alibi_bias(slopes, T, Tk, window, device):
+def alibi_bias(slopes, T, Tk, window, device, sinks=0):
     """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i (the i-th
-    of the T newest of Tk positions) sees key j, -inf elsewhere."""
-    distance = torch.arange(Tk - T, Tk, device=device)[:, None] - torch.arange(Tk, device=device)
+    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i) - j."""
+    k = torch.arange(Tk, device=device)
+    distance = torch.arange(Tk - T, Tk, device=device)[:, None] - k
+    if sinks:
+        distance = torch.where(k < sinks, cache_positions(T, Tk, window, device)[:, None] - k, distance)
     bias = -slopes.to(device)[:, None, None] * distance
-    return bias.masked_fill(~visible(T, Tk, window, device), float("-inf"))
+    return bias.masked_fill(~visible(T, Tk, window, device, sinks), float("-inf"))
 
 
 def logn_scale(positions, train_len):
@@ -166,7 +176,14 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
         Tk = k.size(2)  # the T queries are the last T of Tk positions
-        if pos.cos is not None:
+        if pos.sinks is not None:  # the sink keys see the query at its cache position: a second rotation of q
+            n, cos, sin = pos.sinks
+            sink = (torch.arange(Tk, device=k.device) < n)[:, None]
+            q0, k = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout), apply_rope(k, pos.cos, pos.sin, self.layout)
+            # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
+            q = torch.cat((q0, apply_rope(q, cos, sin, self.layout)), dim=-1) * math.sqrt(2)
+            k = torch.cat((k * ~sink, k * sink), dim=-1)
+        elif pos.cos is not None:
             q = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
             k = apply_rope(k, pos.cos, pos.sin, self.layout)
         if pos.q_scale is not None:  # one scale per query: before or after the rotation alike
@@ -248,21 +265,25 @@ class GPT(nn.Module):
                                 self.config.rope_layout)
         return cos, sin, None
 
-    def attention_mask(self, T, Tk, window, exact, device):
+    def attention_mask(self, T, Tk, window, sinks, exact, device):
         """The one mask of a forward (T queries, the last of Tk positions): None where SDPA's causal flag does
-        it, else bool [T, Tk] (causal, within `window`), or ALiBi's float bias [H, T, Tk] with -inf masking."""
+        it, else bool [T, Tk] (causal, within `window` with its `sinks`), or ALiBi's float bias [H, T, Tk]."""
         if self.config.pos_emb == "alibi":
-            return alibi_bias(alibi_slopes(self.config.n_head), T, Tk, window, device)
+            return alibi_bias(alibi_slopes(self.config.n_head), T, Tk, window, device, sinks)
         if not exact and (not window or window >= Tk) and T in (1, Tk):
             return None
-        return visible(T, Tk, window, device)
+        return visible(T, Tk, window, device, sinks)
 
-    def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, logn_len=None):
+    def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, sinks=0,
+                logn_len=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given).
         cache: a KVCache, continued in place. How positions are treated, for this call only (eval/methods.py
         builds them): rope_scaling: a rope_scaling dict replacing the trained one (None: as trained);
         causal_dynamic: exact per-position dynamic scaling (a full forward, no cache); window: attend to at most
-        the last `window` positions; logn_len: log-n attention scaling past this length."""
+        the last `window` positions; sinks: of those, keep the first `sinks` positions of the sequence instead,
+        at StreamingLLM's cache positions (Xiao et al. 2023); logn_len: log-n attention scaling past this length."""
+        if sinks and (not window or causal_dynamic or not 0 < sinks < window):
+            raise ValueError(f"sinks={sinks} needs a window longer than it, without causal_dynamic (window={window})")
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -278,8 +299,12 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(positions)
         rope = (self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope"
                 else (None, None, None))
-        pos = Positions(*rope[:2], self.attention_mask(T, start + T, window, causal_dynamic, idx.device),
-                        logn_scale(positions, logn_len)[:, None] if logn_len else None, rope[2])
+        rotated_sinks = None
+        if sinks and rope[0] is not None:
+            at = cache_positions(T, start + T, window, idx.device)
+            rotated_sinks = (sinks, rope[0][at], rope[1][at])
+        pos = Positions(*rope[:2], self.attention_mask(T, start + T, window, sinks, causal_dynamic, idx.device),
+                        logn_scale(positions, logn_len)[:, None] if logn_len else None, rope[2], rotated_sinks)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, pos, cache)

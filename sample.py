@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.methods import METHODS, forward_args, original_len, truncates, unavailable
+from eval.methods import METHODS, forward_args, original_len, unavailable
 from model import sample_next
 from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
 
@@ -45,8 +45,8 @@ def parse_args(argv):
 
 @torch.no_grad()
 def generate_truncated(model, idx, max_new_tokens, temperature, top_k):
-    """crop of an absolute encoding: each token from its last L tokens at positions 0 .. L-1 (nanoGPT's sampling).
-    No cache: the kept tokens move at every step; a window over the cache would feed positions past L to the table."""
+    """crop: each token from its last L tokens at positions 0 .. L-1 (nanoGPT's sampling). No cache: the kept
+    tokens move at every step (a window over the cache is the method `window`)."""
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -model.config.block_size:])
         idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
@@ -74,7 +74,7 @@ def sample(args):
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
     new = (args["max_new_tokens"], args["temperature"], args["top_k"] or None)
     with autocast("auto", torch.device(args["device"]).type)[1]:
-        out = generate_truncated(model, idx, *new) if truncates(method, cfg.pos_emb) else model.generate(idx, *new, **kwargs)
+        out = generate_truncated(model, idx, *new) if method == "crop" else model.generate(idx, *new, **kwargs)
     samples = [(text or "") + enc.decode(row[len(prompt):].tolist()) for row in out]
     print(*samples, sep="\n---------------\n", end="\n---------------\n")
     return samples

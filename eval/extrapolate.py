@@ -12,8 +12,8 @@ from tqdm import tqdm
 from data.dataset import doc_windows, load_split
 from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
 from eval import methods
-from eval.methods import METHODS, forward_args, method_factor, original_len, truncates
-from eval.score import load_run, score_sliding, score_windows
+from eval.methods import METHODS, forward_args, method_factor, original_len
+from eval.score import load_run, score_sliding, score_windows, sliding_windows
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROTOCOLS = ("windows", "sliding")
@@ -21,7 +21,9 @@ DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
               "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
-              "key_tokens", "ppl_key", "n_units", "tokens", "seconds", "available", "reason")
+              "diff_none_inside", "diff_none_inside_stderr", "helped_tokens", "ppl_helped", "n_units", "tokens",
+              "seconds", "available", "reason")
+PER_UNIT = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")  # per window: a study's bootstrap
 
 
 def parse_args(argv):
@@ -31,11 +33,14 @@ def parse_args(argv):
             ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(METHODS), "eval/methods.py's"),
             ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
             ("stride", "half", "the sliding protocol's stride: half of each length, or tokens"),
-            ("tokens", "16384", "scored tokens per length and protocol"), ("bins", "linear", "position bins: linear or log"),
+            ("tokens", "16384", "scored tokens per length and protocol"),
+            ("min_units", "2", "at least this many windows (or stretches) per length, where the held-out text has them"),
+            ("bins", "linear", "position bins: linear or log"),
             ("factor", "auto", "auto (eval length / training length) or one number >= 1 for every length"),
             ("dynamic_factor", "1", "dynamic-ntk's extra NTK multiplier a (1: plain dynamic NTK)"),
             ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
-            ("key_threshold", "2", "key tokens: where a method beats crop by more than this many nats"),
+            ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
+            ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
             ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -57,38 +62,39 @@ def parse_args(argv):
     if a.wandb_log is not None and a.wandb_log.lower() not in ("true", "false"):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
     return dict(args, bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
-                tokens=number(a.tokens, "tokens", int, 1), factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
+                tokens=number(a.tokens, "tokens", int, 1), min_units=number(a.min_units, "min_units", int, 2),
+                factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
                 dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1), seed=number(a.seed, "seed", int, 0),
-                key_threshold=number(a.key_threshold, "key_threshold", float, 0),
+                helped_threshold=number(a.helped_threshold, "helped_threshold", float, 0),
+                crop_stride=None if a.crop_stride == "auto" else number(a.crop_stride, "crop_stride", int, 1),
                 wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
 
 
-def unavailable(config, method, protocol, eval_len):
-    """Why this entry cannot be scored, or None (eval/methods.py's reasons, and one of the protocol's)."""
-    if truncates(method, config.pos_emb) and protocol == "sliding" and eval_len > config.block_size:
-        return "crop of an absolute encoding is per-token truncation, reported under the windows protocol"
-    return methods.unavailable(config, method, eval_len)
-
-
-def choose_units(docs, protocol, eval_len, tokens, seed):
+def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
     """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2 windows."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
     n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
     try:
-        return n, doc_windows(docs, n + 1, max(2, math.ceil(tokens / n)), np.random.default_rng(seed))
+        return n, doc_windows(docs, n + 1, max(min_units, math.ceil(tokens / n)), np.random.default_rng(seed))
     except ValueError as e:
         raise ValueError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
 
 
-def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs):
-    """(NLL [units, n], window position of every scored target [units, n])."""
+def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs, crop_stride):
+    """NLL [units, n] of every target of every unit, in order."""
+    if method == "crop":  # truncation: windows of L at positions 0..L-1, crop_stride apart (docs/methodology.md)
+        L = model.config.block_size
+        return np.stack([score_sliding(model, tokens, s, n, min(L, n), min(crop_stride, n))[0] for s in starts])
     if protocol == "sliding":
-        return tuple(map(np.stack, zip(*(score_sliding(model, tokens, s, n, eval_len, stride, **kwargs) for s in starts))))
-    L = model.config.block_size
-    # crop of an absolute encoding is truncation: windows of L at positions 0..L-1, L/8 apart (docs/methodology.md)
-    nll = (np.stack([score_sliding(model, tokens, s, n, min(L, n), max(1, L // 8))[0] for s in starts])
-           if truncates(method, model.config.pos_emb) else score_windows(model, tokens, starts, n, **kwargs))
-    return nll, np.broadcast_to(np.arange(n), nll.shape)
+        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, **kwargs)[0] for s in starts])
+    return score_windows(model, tokens, starts, n, **kwargs)
+
+
+def window_positions(n, protocol, eval_len, stride):
+    """[n]: each target's position in its window under the protocol (the same for every method and unit)."""
+    if protocol == "sliding":
+        return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in sliding_windows(n, eval_len, stride)])
+    return np.arange(n)
 
 
 def mean_stderr(per_unit):
@@ -104,14 +110,28 @@ def bin_edges(eval_len, bins):
     return np.arange(0, eval_len // size * size + 1, size)
 
 
-def summarize(nll, pos, train_len):
-    """Loss fields of one entry from its NLL [units, n] and each target's position in its window (None: all None)."""
-    if nll is None:
-        return dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr"))
-    loss, stderr = mean_stderr(nll.mean(axis=1))
-    beyond = float(nll[pos >= train_len].mean()) if (pos >= train_len).any() else None
-    return dict(loss=loss, ppl=math.exp(loss), loss_beyond_train=beyond,
-                ppl_beyond_train=None if beyond is None else math.exp(beyond), stderr=stderr)
+def per_unit(nll, pos, train_len, none, crop):
+    """Per unit: the loss over all its targets and past train_len, and the paired differences to none and crop
+    past train_len (and to none inside it), each None where there are no such targets or no reference."""
+    past, inside = pos >= train_len, pos < train_len
+    def mean(a, where):
+        return None if a is None or not where.any() else a[:, where].mean(axis=1)
+    return dict(loss=nll.mean(axis=1), loss_beyond_train=mean(nll, past),
+                diff_none=mean(None if none is None else nll - none, past),
+                diff_crop=mean(None if crop is None else nll - crop, past),
+                diff_none_inside=mean(None if none is None else nll - none, inside))
+
+
+def summarize(units):
+    """An entry's fields from its per_unit values (None: not scored): means and standard errors over units."""
+    if units is None:
+        return dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr", "per_unit"))
+    out = {}
+    for k, v in units.items():
+        out[k], err = (None, None) if v is None else mean_stderr(v)
+        out["stderr" if k == "loss" else f"{k}_stderr"] = err
+    return dict(out, ppl=math.exp(out["loss"]), ppl_beyond_train=None if out["loss_beyond_train"] is None else
+                math.exp(out["loss_beyond_train"]), per_unit={k: None if v is None else v.round(6).tolist() for k, v in units.items()})
 
 
 def curves(nll, ref, edges):
@@ -132,13 +152,14 @@ def run_grid(model, tokens, docs, args, train_len):
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
             ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
-    reasons = [unavailable(model.config, m, p, T) for p, T, m, _ in grid]
+    reasons = [methods.unavailable(model.config, m, T) for p, T, m, _ in grid]
     if all(reasons):  # asked for nothing that can be scored: say so before anything is computed or written
         raise ValueError(f"nothing to evaluate: {grid[0][2]} at {grid[0][1]} tokens: {reasons[0]}")
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
         raise ValueError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
                          f"use a stride <= {min(eval_lens)}")
-    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["seed"]) for p in args["protocols"] for T in eval_lens}
+    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"]) for p in args["protocols"] for T in eval_lens}
+    crop_stride = min(args["crop_stride"] or max(1, model.config.block_size // 8), model.config.block_size)
     scored, results = {}, []
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
@@ -146,30 +167,29 @@ def run_grid(model, tokens, docs, args, train_len):
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         kwargs = dict(forward_args(method, T, train_len, model.config.block_size, factor), causal_dynamic=mode == "causal")
         t0 = time.time()
-        nll, pos = (None, None) if reason else score_units(model, tokens, starts, n, protocol, T, stride, method, kwargs)
-        scored[protocol, T, method, mode] = nll
+        scored[protocol, T, method, mode] = None if reason else score_units(model, tokens, starts, n, protocol, T, stride,
+                                                                            method, kwargs, crop_stride)
         results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
                             positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts),
-                            **summarize(nll, pos, train_len), available=reason is None, reason=reason,
-                            seconds=round(time.time() - t0, 3)))
-    keys = {k[:2]: key_tokens(scored, *k[:2], args["key_threshold"]) for k in scored}
+                            available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
+    helped = {k[:2]: helped_tokens(scored, *k[:2], args["helped_threshold"]) for k in scored}
     for r in results:
         key = r["protocol"], r["eval_len"]
-        nll, mask = scored[(*key, r["method"], r["mode"])], keys[key]
-        r["key_tokens"] = None if mask is None else int(mask.sum())
-        r["ppl_key"] = math.exp(nll[mask].mean()) if mask is not None and nll is not None and mask.any() else None
-        for ref in ("none", "crop"):  # mean paired differences, on the same units, with their standard errors
-            other = scored.get((*key, ref, None)) if r["method"] != ref else None
-            d, err = (None, None) if nll is None or other is None else mean_stderr(nll.mean(axis=1) - other.mean(axis=1))
-            r.update({f"diff_{ref}": d, f"diff_{ref}_stderr": err})
+        nll, mask = scored[(*key, r["method"], r["mode"])], helped[key]
+        pos = window_positions(nll.shape[1], *key, r["stride"]) if nll is not None else None
+        refs = [None if r["method"] == ref else scored.get((*key, ref, None)) for ref in ("none", "crop")]
+        r.update(summarize(None if nll is None else per_unit(nll, pos, train_len, *refs)))
+        r["helped_tokens"] = None if mask is None else int(mask.sum())
+        r["ppl_helped"] = math.exp(nll[mask].mean()) if mask is not None and nll is not None and mask.any() else None
         if r["protocol"] == "windows" and nll is not None:
             r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
             r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
-    return results, {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
+    return results, {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}, crop_stride
 
 
-def key_tokens(scored, protocol, eval_len, threshold):
-    """Key tokens (LongPPL, Fang et al. 2024): targets some method predicts > threshold nats better than crop does."""
+def helped_tokens(scored, protocol, eval_len, threshold):
+    """Targets some evaluated method predicts > threshold nats better than crop does: where the long context
+    helped. Not LongPPL's key tokens, which a separate evaluator model selects (docs/methodology.md)."""
     crop = scored.get((protocol, eval_len, "crop", None))
     others = [v for (p, T, m, _), v in scored.items() if (p, T) == (protocol, eval_len) and m != "crop" and v is not None]
     return None if crop is None or not others else np.any([crop - v > threshold for v in others], axis=0)
@@ -185,7 +205,9 @@ def table(report):
     body = [[name] + [cells.get(T, "") for T in lens] for name, cells in rows.items()]
     width = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in [head] + body]
-    return f"ppl (ppl beyond train length {L}) of {report['run']}:\n" + "\n".join(lines)
+    lo, hi = report["crop_context"]
+    return (f"ppl (ppl beyond train length {L}) of {report['run']}; crop: truncation, each target past {hi} "
+            f"from its last {lo}..{hi} tokens:\n" + "\n".join(lines))
 
 
 def plot(report):
@@ -218,7 +240,8 @@ def plot(report):
         bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)", xscale=report["bins"])
         top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}); "
-                 f"bands: one standard error over windows")
+                 f"bands: one standard error over windows; crop: truncation to the last "
+                 f"{report['crop_context'][0]}..{report['crop_context'][1]} tokens")
     return png(fig, rect=(0, 0, 1, 0.97))
 
 
@@ -240,12 +263,7 @@ def extrapolate(args):
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
               f"{model.config.block_size}, crop's window")
-    if (kept := methods.applicable(args["methods"], pos_emb)) != args["methods"]:
-        note = f"pos_emb={pos_emb}: RoPE methods ({', '.join(m for m in args['methods'] if m not in kept)}) do not apply"
-        if not kept:
-            raise ValueError(f"{note}; use --methods {','.join(methods.applicable(METHODS, pos_emb))}")
-        print(f"{note}; evaluating {', '.join(kept)}")
-        args = dict(args, methods=kept)
+    args = dict(args, methods=methods.usable(args["methods"], pos_emb))
     if model.config.rope_scaling:
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
               f"the other methods replace it")
@@ -254,12 +272,13 @@ def extrapolate(args):
               f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])} (causal: windows only)")
     tokens, docs = load_split(data_dir, "val")
     t0 = time.time()
-    results, units = run_grid(model, tokens, docs, args, train_len)
+    results, units, crop_stride = run_grid(model, tokens, docs, args, train_len)
     spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}  # the benchmark line
     report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb,
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
                   options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
-                  bins=args["bins"], dataset=str(data_dir), seconds=round(time.time() - t0, 1),
+                  bins=args["bins"], dataset=str(data_dir), crop_stride=crop_stride,
+                  crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units, results=results)
     out = args["out"]  # the figure drawn first: a failure leaves the earlier outputs as they were
     write_all(out, {"extrapolation.png": plot(report), **json_csv("extrapolation", report, results, CSV_FIELDS)})

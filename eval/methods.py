@@ -1,12 +1,15 @@
-"""The position methods every command shares: for each name its GPT.forward arguments, the encodings it applies
-to and what `crop` is per encoding (docs/methodology.md). Nothing else in the repository decides any of this."""
-METHODS = ("none", "crop", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn", "ntk+logn")
-ANY_ENCODING = ("none", "crop", "logn")  # act on attention (ALiBi too); the others rescale RoPE's frequencies
-ABSOLUTE = ("learned", "sinusoidal")  # added to the input: crop is truncation for them, a window for the others
+"""The position methods every command shares: for each name its GPT.forward arguments and the encodings it
+applies to (docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for
+every encoding: the caller cuts the input to the last L tokens, so its forward gets no arguments."""
+METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
+           "ntk+logn")
+ANY_ENCODING = ("none", "crop", "logn")  # act on the input or on attention; the others need relative positions
+MASKS = ("window", "sinks")  # masks over positions past L: for RoPE, ALiBi and NoPE, whose positions are relative
+SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
 
 
 def applies(method, pos_emb):
-    return pos_emb == "rope" or method in ANY_ENCODING
+    return pos_emb == "rope" or method in ANY_ENCODING or (method in MASKS and pos_emb in ("alibi", "none"))
 
 
 def applicable(methods, pos_emb):
@@ -14,9 +17,15 @@ def applicable(methods, pos_emb):
     return [m for m in methods if applies(m, pos_emb)]
 
 
-def truncates(method, pos_emb):
-    """crop of an absolute encoding is truncation (the caller cuts the input to its last L tokens)."""
-    return method == "crop" and pos_emb in ABSOLUTE
+def usable(names, pos_emb):
+    """The methods of `names` that apply to the encoding, saying which do not; none left: a one-line error."""
+    kept = applicable(names, pos_emb)
+    if kept != list(names):
+        note = f"pos_emb={pos_emb}: {', '.join(m for m in names if m not in kept)} do not apply"
+        if not kept:
+            raise ValueError(f"{note}; use --methods {','.join(applicable(METHODS, pos_emb))}")
+        print(f"{note}; evaluating {', '.join(kept)}")
+    return kept
 
 
 def original_len(ckpt):
@@ -28,7 +37,7 @@ def method_factor(method, length, train_len, factor=None):
     """The factor in the method's arguments at `length` tokens: None where there is none; dynamic-ntk's is
     transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
     default to the ratio that maps the length back onto the training length (never below 1)."""
-    if method in ANY_ENCODING:
+    if method in ANY_ENCODING + MASKS:
         return None
     if method == "dynamic-ntk":
         return factor or 1.0
@@ -44,7 +53,9 @@ def forward_args(method, length, train_len, run_len, factor=None):
     yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
     return {
         "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
-        "crop": {"window": run_len},
+        "crop": {},  # the caller truncates the input to its last run_len tokens
+        "window": {"window": run_len},  # sliding-window attention: each token sees its last run_len
+        "sinks": {"window": run_len, "sinks": SINKS},  # the first SINKS tokens and the last run_len - SINKS
         "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
         "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
         "dynamic-ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": s, "original_max_position_embeddings": L}},
@@ -60,8 +71,9 @@ def forward_args(method, length, train_len, run_len, factor=None):
 def unavailable(config, method, length):
     """Why a method cannot score `length` tokens on a model, or None: an explicit check, never a caught error."""
     if not applies(method, config.pos_emb):
-        return f"rescales RoPE: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
-    if config.pos_emb == "learned" and length > config.block_size and not truncates(method, config.pos_emb):
+        what = "masks relative positions" if method in MASKS else "rescales RoPE"
+        return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
+    if config.pos_emb == "learned" and length > config.block_size and method != "crop":
         return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "
                 f"(no extrapolation): use crop (truncation) or fewer tokens")
     return None

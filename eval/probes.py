@@ -15,7 +15,7 @@ from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval.extrapolate import bin_edges, mean_stderr
-from eval.methods import ANY_ENCODING, METHODS, applicable, forward_args, original_len, truncates, unavailable
+from eval.methods import ANY_ENCODING, MASKS, METHODS, forward_args, original_len, unavailable, usable
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from model import visible
@@ -57,11 +57,11 @@ def parse_args(argv):
 
 
 def score_method(model, rows, method, train_len, tokens_per_batch=16384):
-    """(NLL, top-1 hit) of rows [N, n+1] under a method, or (None, reason); crop of an absolute encoding: the last L."""
+    """(NLL, top-1 hit) of rows [N, n+1] under a method, or (None, reason); crop: the last L, from position 0."""
     cfg, n = model.config, rows.shape[1] - 1
     if reason := unavailable(cfg, method, n):
         return None, reason
-    if truncates(method, cfg.pos_emb) and n > cfg.block_size:
+    if method == "crop" and n > cfg.block_size:
         return score_rows(model, rows[:, -(cfg.block_size + 1):], tokens_per_batch), None
     return score_rows(model, rows, tokens_per_batch, **forward_args(method, n, train_len, cfg.block_size)), None
 
@@ -87,8 +87,10 @@ def copy_probe(model, tokens, docs, args, vocab):
         rows = copy_rows(filler, rng, k, [d] * len(filler), vocab)
 
         def measure(nll, hit):
-            (loss, loss_err), (top1, top1_err) = (mean_stderr(a[:, -(k - 1):].mean(axis=1)) for a in (nll, hit))
-            return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(rows))
+            hits = hit[:, -(k - 1):].mean(axis=1)  # per trial: a study's bootstrap resamples them
+            (loss, loss_err), (top1, top1_err) = mean_stderr(nll[:, -(k - 1):].mean(axis=1)), mean_stderr(hits)
+            return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(rows),
+                        hits=hits.round(4).tolist())
         yield from per_method("copy", model, rows, args, tqdm(args["methods"], desc=f"copy d={d}", leave=False),
                               measure, distance=d)
 
@@ -113,8 +115,9 @@ def passkey_probe(model, tokens, docs, args, encode):
 
             def measure(nll, hit):  # the loss is minus the key's log-probability
                 loss, loss_err = mean_stderr([nll[i, -m:].sum() for i, (_, m) in enumerate(trials)])
-                acc, acc_err = mean_stderr([hit[i, -m:].all() for i, (_, m) in enumerate(trials)])
-                return dict(loss=loss, loss_stderr=loss_err, exact=acc, exact_stderr=acc_err, trials=len(rows))
+                hits = [float(hit[i, -m:].all()) for i, (_, m) in enumerate(trials)]
+                acc, acc_err = mean_stderr(hits)
+                return dict(loss=loss, loss_stderr=loss_err, exact=acc, exact_stderr=acc_err, trials=len(rows), hits=hits)
             yield from per_method("passkey", model, rows, args, args["methods"], measure, depth=depth)
 
 
@@ -170,8 +173,8 @@ def entropy_probe(model, tokens, docs, args):
         x = (edges[:-1] + edges[1:] - 1) / 2
         for method in args["methods"]:
             with recording_entropy(model) as records:  # one window per forward: the attention is [heads, n, n]
-                reason = ("crop of an absolute encoding is truncation: no attention over the window"
-                          if truncates(method, model.config.pos_emb) and n > L
+                reason = ("crop is truncation: no attention over the window"
+                          if method == "crop" and n > L
                           else score_method(model, rows, method, args["train_len"], n)[1])
             if reason:
                 yield entry("entropy", method, n, reason)
@@ -233,7 +236,7 @@ def plot_by_length(report, probe):
         for i, r in enumerate(here):
             if not rotation:
                 ax.plot(r["x"], r["entropy"], lw=1.2, label=r["method"], **line_style(r["method"], report["methods"].index(r["method"])))
-            elif r["method"] not in ANY_ENCODING or r["method"] == "none":  # the others: the same frequencies as none
+            elif r["method"] not in ANY_ENCODING + MASKS or r["method"] == "none":  # the others: the same frequencies as none
                 ax.plot(r["turns_eval"], marker=".", lw=1, label=r["method"], color=f"C{i % 10}")
         if rotation:
             ax.plot(here[0]["turns_train"], color="k", ls="--", lw=1.2, label="over the training length")
@@ -265,10 +268,7 @@ def probes(args):
     L, vocab, pos_emb = model.config.block_size, model.config.vocab_size, model.config.pos_emb
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")
-    if not (methods := applicable(args["methods"], pos_emb)):
-        raise ValueError(f"pos_emb={pos_emb}: RoPE methods ({', '.join(args['methods'])}) do not apply; "
-                         f"use --methods {','.join(applicable(METHODS, pos_emb))}")
-    args = dict(args, methods=methods, train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
+    args = dict(args, methods=usable(args["methods"], pos_emb), train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
                  passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
                  rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
@@ -283,7 +283,7 @@ def probes(args):
                          f"nothing to probe: the rotation probe needs RoPE, not pos_emb={pos_emb}; use --probes copy,passkey,entropy")
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L, pos_emb=pos_emb,
-                  checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=methods, trials=args["trials"],
+                  checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=args["methods"], trials=args["trials"],
                   segment=args["segment"], random_vocab=rvocab, retrieval=retrieval_check(copies, L) if copies else None,
                   seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)
     out, draw = args["out"], dict(copy=plot_copy, passkey=plot_passkey)  # every figure drawn before any file is written

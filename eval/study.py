@@ -7,16 +7,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from eval.compare import load_report
 from eval.extrapolate import parse_args as eval_options
 from eval.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
+from eval.stats import LEVEL, holm, interval
 from runtime import ROOT, arg_parser, init_wandb, load_checkpoint, number, run_cli
 from config import load_config
 
-METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop")
+METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
 KEYS = ("protocol", "method", "mode", "eval_len")  # with the config, what a row aggregates over seeds
 
 
@@ -43,7 +43,8 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None):
         done = last_iter(run_dir)
     # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
     rep = (run_dir / "extrapolation.json").is_file() and load_report(run_dir)
-    if not rep or (rep["checkpoint_iter"], rep.get("options")) != (done[0], eval_args):
+    if not rep or (rep["checkpoint_iter"], rep.get("options")) != (done[0], eval_args) or \
+            any("per_unit" not in r for r in rep["results"]):  # an older extrapolate.py kept no per-unit values
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args])
     else:
         print(f"study: {name}: trained and evaluated already")
@@ -53,47 +54,63 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     return run_dir
 
 
-def interval(values):
-    """Mean and 95% confidence interval (t distribution, n - 1 degrees of freedom) of per-seed values."""
-    v = np.asarray([x for x in values if x is not None], dtype=float)
-    if len(v) < 2:  # no interval from one seed
-        return dict(n=1, mean=float(v[0]), lo=None, hi=None) if len(v) else None
-    mean, half = float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-    return dict(n=len(v), mean=mean, lo=mean - half, hi=mean + half)
+def spread(values, what):
+    """eval.stats.interval of values [seeds, units] (a seed's None: not available), or None where no seed has them."""
+    v = [u for u in values if u is not None]
+    if len({len(u) for u in v}) > 1:  # the two-way bootstrap pairs unit j of every seed: they must be the same units
+        raise ValueError(f"{what}: the seeds were scored on different units ({', '.join(str(len(u)) for u in v)} of them); "
+                         "evaluate every seed with the same options")
+    return interval(v) if v else None
 
 
 def aggregate(reports):
-    """{config: [per-seed extrapolation reports]} -> one row per (config, protocol, method, mode, length)."""
-    rows = {}
+    """{config: [per-seed extrapolation reports]} -> one row per (config, protocol, method, mode, length): per metric the
+    mean over seeds x units (windows or stretches) and its two-way bootstrap interval; per_seed: each seed's mean."""
+    rows, units = {}, {}
     for config, rep, r in ((c, rep, r) for c, seeds in reports.items() for rep in seeds for r in rep["results"]):
-        row = rows.setdefault((config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
-                              train_len=rep["train_len"], **dict.fromkeys(METRICS), per_seed={m: [] for m in METRICS}))
+        if "per_unit" not in r:
+            raise ValueError(f"the evaluation of {rep['run']} has no per-unit values (an older eval/extrapolate.py): "
+                             f"run the study again, or eval/extrapolate.py on that run, to re-evaluate it")
+        row = rows.setdefault(key := (config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
+                              train_len=rep["train_len"], per_seed={m: [] for m in METRICS}))
         for m in METRICS:
             row["per_seed"][m].append(r[m])
-    return [dict(row, **{m: interval(v) for m, v in row["per_seed"].items()}) for row in rows.values()]
+            units.setdefault((key, m), []).append((r["per_unit"] or {}).get(m))  # None: the entry is not available
+    return [dict(row, **{m: spread(units[key, m], f"{' '.join(map(str, key))} {m}") for m in METRICS}) for key, row in rows.items()]
 
 
 def aggregate_probes(reports):
-    """{config: [per-seed probes reports]} -> copy top-1 per distance, passkey exact match per length (mean over depths)."""
-    rows = {}
+    """{config: [per-seed probes reports]} -> copy top-1 per distance, passkey exact match per length, over seeds x trials
+    (passkey: depths x trials); an entry without per-trial hits counts as one unit, its mean."""
+    rows, units = {}, {}
     for config, seeds in reports.items():
         copies = sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds)
         for rep in seeds:
             per = {}
             for r in (r for r in rep["results"] if r["probe"] in ("copy", "passkey") and r["available"]):
                 at, value = ("distance", "top1") if r["probe"] == "copy" else ("eval_len", "exact")
-                per.setdefault((r["probe"], r["method"], r[at]), []).append(r[value])
-            for (probe, method, at), v in per.items():
-                row = rows.setdefault((config, probe, method, at), dict(config=config, probe=probe, method=method, at=at,
-                                      train_len=rep["train_len"], value=None, per_seed=[], seeds_that_copy=copies))
+                per.setdefault((config, r["probe"], r["method"], r[at]), []).extend(r.get("hits") or [r[value]])
+            for key, v in per.items():
+                row = rows.setdefault(key, dict(zip(("config", "probe", "method", "at"), key), train_len=rep["train_len"],
+                                                value=None, per_seed=[], seeds_that_copy=copies))
                 row["per_seed"].append(float(np.mean(v)))
-    return [dict(r, value=interval(r["per_seed"])) for r in rows.values()]
+                units.setdefault(key, []).append(v)
+    return [dict(r, value=spread(units[key], " ".join(map(str, key)))) for key, r in rows.items()]
+
+
+def contrasts(rows):
+    """The declared family: each method but crop against crop past L (diff_crop, windows protocol, every length > L and
+    config), decided together by Holm's procedure on the bootstrap p-values."""
+    family = [(r, r["diff_crop"]) for r in rows if r["protocol"] == "windows" and r["method"] != "crop"
+              and r["eval_len"] > r["train_len"] and r["diff_crop"] is not None]
+    return [dict(config=r["config"], method=label(r), eval_len=r["eval_len"], **{k: d[k] for k in ("mean", "lo", "hi", "p")},
+                 decision=("lower" if d["mean"] < 0 else "higher") + " than crop" if decided else "undecided")
+            for (r, d), decided in zip(family, holm([d["p"] for _, d in family]))]
 
 
 def cell(s, transform=lambda x: x, digits=2):
-    """'mean [lo, hi]' of an interval, through transform (exp for perplexities); 'n/a' without values."""
-    mean, lo, hi = (fmt(None if s is None or s[k] is None else transform(s[k]), digits) for k in ("mean", "lo", "hi"))
-    return f"{mean} [{lo}, {hi}]" if s and s["lo"] is not None else mean
+    """'mean [lo, hi]' of an interval, through transform (exp for perplexities: percentile intervals follow it); 'n/a': none."""
+    return "n/a" if s is None else "{} [{}, {}]".format(*(fmt(transform(s[k]), digits) for k in ("mean", "lo", "hi")))
 
 
 def table(cells, cols, L):
@@ -105,28 +122,45 @@ def table(cells, cols, L):
                       *(f"| {c} | {m} |" + "".join(f" {row.get(a, '')} |" for a in cols) for (c, m), row in body.items())])
 
 
+def section(title, rows, stat, seeds, unit, L, key=lambda r: (r["config"], label(r)), at=lambda r: r["eval_len"],
+            transform=lambda x: x, digits=3, note=""):
+    """'### title', what a cell is over, and the table of r[stat], a row per key(r), a column per at(r); None if no row has it."""
+    if units := dict(sorted((at(r), r[stat]["units"]) for r in rows if r[stat])):
+        n = f"{units.popitem()[1]} {unit}" if len(set(units.values())) == 1 else f"U {unit}, U = " + ", ".join(
+            f"{u} at {a / L:g}x" for a, u in units.items())  # windows: fewer as they get longer
+        return (f"### {title}\n\nmean [{LEVEL:.0%} bootstrap interval over {seeds} seeds x {n}]{note}\n\n"
+                + table([(key(r), at(r), cell(r[stat], transform, digits)) for r in rows], sorted({at(r) for r in rows}), L))
+
+
 def markdown(rows, seeds, probe_rows=()):
-    lens, L, tables = sorted({r["eval_len"] for r in rows}), rows[0]["train_len"], []
+    L, tables = rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
-        for metric, title, transform, digits in (
-                ("loss", "perplexity", math.exp, 1), ("loss_beyond_train", "perplexity beyond the training length", math.exp, 1),
-                ("diff_crop", "loss minus crop on the same windows (nats; < 0: the longer context helps)", lambda x: x, 3),
-                ("diff_none", "loss minus none on the same windows (nats)", lambda x: x, 3)):
-            cells = [((r["config"], label(r)), r["eval_len"], cell(r[metric], transform, digits))
-                     for r in rows if r["protocol"] == protocol]
-            tables.append(f"### {title}, {protocol} protocol\n\nmean [95% CI] over {seeds} seeds\n\n" + table(cells, lens, L))
-    for probe, what, unit in (("copy", "copy probe: top-1 on the repeat", "distance"),
-                              ("passkey", "passkey: exact match, mean over depths", "length")):
+        rs, unit = [r for r in rows if r["protocol"] == protocol], "windows" if protocol == "windows" else "stretches"
+        for metric, title in (("loss", "perplexity over all targets"),
+                              ("loss_beyond_train", "perplexity over the targets past the training length"),
+                              ("diff_crop", "loss minus crop over the targets past L (nats; < 0: the longer context helps)"),
+                              ("diff_none", "loss minus none over the targets past L (nats)"),
+                              ("diff_none_inside", "loss minus none over the targets inside L (nats; the method's cost "
+                                                   "where nothing is extrapolated)")):
+            tables.append(section(f"{title}, {protocol} protocol", rs, metric, seeds, unit, L,
+                                  **(dict(transform=math.exp, digits=1) if metric.startswith("loss") else {})))
+    for probe, what, unit in (("copy", "copy probe: top-1 on the repeat, by distance", "trials"),
+                              ("passkey", "passkey: exact match, by length", "trials (depths x trials)")):
         if rs := [r for r in probe_rows if r["probe"] == probe]:
-            cells = [((f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]), r["at"], cell(r["value"])) for r in rs]
-            tables.append(f"### {what}, by {unit}\n\nmean [95% CI] over {seeds} seeds; (k/n copy): seeds whose run copies "
-                          f"inside its training length, without which the row compares nothing\n\n"
-                          + table(cells, sorted({r["at"] for r in rs}), rs[0]["train_len"]))
-    return "\n\n".join(tables) + "\n"
+            tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],
+                                  key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]),
+                                  note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing"))
+    if declared := contrasts(rows):
+        cells = [((c["config"], c["method"]), c["eval_len"], f"{cell(c, digits=3)} {c['decision'].split()[0]}") for c in declared]
+        tables.append(f"### Declared contrasts: loss minus crop over the targets past L, windows protocol\n\nmean [{LEVEL:.0%} "
+                      f"bootstrap interval] and the decision; the family, every method but crop at every length past L in every "
+                      f"config (m = {len(declared)}), is decided together by Holm's procedure at {1 - LEVEL:.2f} family-wise.\n\n"
+                      + table(cells, sorted({c["eval_len"] for c in declared}), L))
+    return "\n\n".join(t for t in tables if t) + "\n"
 
 
 def plot(rows):
-    """PNG bytes: per config, perplexity against length with 95% intervals (top), loss minus crop (bottom); windows protocol."""
+    """PNG bytes: per config, perplexity against length (top), loss minus crop past L (bottom); windows protocol."""
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
@@ -135,24 +169,25 @@ def plot(rows):
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
             pts = sorted((r["eval_len"] / r["train_len"], r) for r in rows if r["config"] == config and label(r) == name)
             for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
-                if p := [(m, r[metric]) for m, r in pts if r[metric] is not None]:  # one seed: a bar of length 0
-                    y, lo, hi = (np.array([tf(s[k] if s[k] is not None else s["mean"]) for _, s in p]) for k in ("mean", "lo", "hi"))
-                    ax.errorbar([m for m, _ in p], y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=3, lw=1.2, label=name,
-                                **line_style(name, names.index(name)))
+                if p := [(m, r[metric]) for m, r in pts if r[metric] is not None]:
+                    y, lo, hi = (np.array([tf(s[k]) for _, s in p]) for k in ("mean", "lo", "hi"))
+                    ax.errorbar([m for m, _ in p], y, yerr=np.clip([y - lo, hi - y], 0, None), marker="o", ms=3, capsize=3,
+                                lw=1.2, label=name, **line_style(name, names.index(name)))  # clip: bars >= 0, as matplotlib wants
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
         bottom.axhline(0, color="grey", lw=0.8)
-        bottom.set(xlabel="eval length / training length", ylabel="loss minus crop (nats)")
+        bottom.set(xlabel="eval length / training length", ylabel="loss minus crop past L (nats)")
         bottom.set_xscale("log", base=2)
         top.legend(fontsize=7, ncol=2)
-    fig.suptitle("mean over seeds, error bars: 95% t-interval; below 0 in the lower row: better than cropping")
+    fig.suptitle(f"mean over seeds x windows; error bars: {LEVEL:.0%} bootstrap interval\n(seeds and windows resampled); "
+                 "lower row below 0: better than crop", fontsize=10)
     return png(fig)
 
 
 def log_wandb(study, out, png_path, md):
     import wandb
-    cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi")]
+    cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi", "p")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
-            + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi")] for r in study["rows"]]
+            + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi", "p")] for r in study["rows"]]
     with init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
                     "study", group=out.name) as run:
         run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
@@ -203,7 +238,9 @@ def study(args):
             if args["probe_args"] is not None:
                 probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
-    result = dict(configs=list(reports), seeds=args["seeds"], confidence=0.95, rows=rows, probe_rows=probe_rows)
+    declared = contrasts(rows)
+    result = dict(configs=list(reports), seeds=args["seeds"], confidence=LEVEL, rows=rows, probe_rows=probe_rows,
+                  contrasts=dict(family_size=len(declared), holm_alpha=round(1 - LEVEL, 6), rows=declared))
     md = (f"# Study {out.name}: {', '.join(reports)}, {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
           "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows))
     write_all(out, {"study.png": plot(rows), "study.json": json.dumps(result, indent=1) + "\n", "study.md": md})

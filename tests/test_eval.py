@@ -21,15 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 L = 32  # training length of the tiny runs
 ENTRY_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "positions", "loss", "ppl",
                 "loss_beyond_train", "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop",
-                "diff_crop_stderr", "n_units", "tokens", "available", "reason")
+                "diff_crop_stderr", "diff_none_inside", "helped_tokens", "per_unit", "n_units", "tokens", "available", "reason")
 LOSS_FIELDS = ("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr")
 
 
 def trained(tmp_path_factory, dataset, name, **kw):
     out_dir = tmp_path_factory.mktemp("runs") / name
-    cfg = dict(dataset=dataset, out_dir=str(out_dir), batch_size=8, block_size=L, n_layer=1, n_head=2, n_embd=32,
-               max_iters=40, lr_decay_iters=40, warmup_iters=2, learning_rate=3e-3, eval_interval=40, eval_iters=1,
-               log_interval=40, wandb_log=False, device="cpu", **kw)
+    cfg = dict(dict(dataset=dataset, out_dir=str(out_dir), batch_size=8, block_size=L, n_layer=1, n_head=2, n_embd=32,
+                    max_iters=40, lr_decay_iters=40, warmup_iters=2, learning_rate=3e-3, eval_interval=40, eval_iters=1,
+                    log_interval=40, wandb_log=False, device="cpu"), **kw)
     train.main([f"--{k}={v}" for k, v in cfg.items()])
     return out_dir
 
@@ -125,8 +125,8 @@ def test_the_json_has_every_field_for_every_entry(report):
     assert {"train_len", "pos_emb", "run", "checkpoint_iter", "tokens_per_length", "seed", "stride", "bins",
             "seconds_by_method", "units", "results"} <= set(report)
     assert (report["train_len"], report["pos_emb"], report["run"], report["tokens_per_length"]) == (L, "rope", "rope", 16 * L)
-    # 11 method (mode)s with windows, 10 with sliding (no causal mode there), at 3 lengths
-    assert len(report["results"]) == (11 + 10) * 3
+    # 13 method (mode)s with windows, 12 with sliding (no causal mode there), at 3 lengths
+    assert len(report["results"]) == (13 + 12) * 3 and report["crop_context"] == [L - L // 8 + 1, L]
     for r in report["results"]:
         assert set(ENTRY_FIELDS) <= set(r) and r["available"] and r["reason"] is None
         assert (r["mode"] in ("sequence", "causal")) == (r["method"] == "dynamic-ntk")
@@ -139,21 +139,30 @@ def test_the_json_has_every_field_for_every_entry(report):
         "rope_scaling": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}, "causal_dynamic": True}
     assert by(report, "ntk-by-parts")[4 * L]["positions"]["rope_scaling"]["attention_factor"] == 1.0
     assert by(report, "pi")[4 * L]["positions"] == {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}
-    assert by(report, "crop")[4 * L]["positions"] == {"window": L}
+    assert by(report, "crop")[4 * L]["positions"] == {} and by(report, "window")[4 * L]["positions"] == {"window": L}
+    assert by(report, "sinks")[4 * L]["positions"] == {"window": L, "sinks": 4}
     assert by(report, "ntk+logn")[4 * L]["positions"] == {"rope_scaling": {"rope_type": "ntk", "factor": 4.0}, "logn_len": L}
     assert by(report, "none")[L]["positions"] == {} and by(report, "none")[L]["factor"] is None
 
 
-def test_paired_differences_are_differences_on_the_same_windows(report):
+def test_paired_differences_are_over_the_targets_past_L_on_the_same_windows(report):
     for protocol in ("windows", "sliding"):
         none, crop = by(report, "none", protocol=protocol), by(report, "crop", protocol=protocol)
         for T, r in by(report, "yarn", protocol=protocol).items():
-            assert r["diff_none"] == pytest.approx(r["loss"] - none[T]["loss"], abs=1e-9)
-            assert r["diff_crop"] == pytest.approx(r["loss"] - crop[T]["loss"], abs=1e-9)
-            assert T == L or r["diff_none_stderr"] > 0
+            if T == L:  # no target past L
+                assert r["diff_none"] is None and r["diff_crop"] is None and r["diff_none_inside"] is not None
+                continue
+            assert r["diff_none"] == pytest.approx(r["loss_beyond_train"] - none[T]["loss_beyond_train"], abs=1e-9)
+            assert r["diff_crop"] == pytest.approx(r["loss_beyond_train"] - crop[T]["loss_beyond_train"], abs=1e-9)
+            assert r["diff_none_stderr"] > 0 and len(r["per_unit"]["diff_crop"]) == r["n_units"]
+            assert np.mean(r["per_unit"]["diff_crop"]) == pytest.approx(r["diff_crop"], abs=1e-6)
         assert none[4 * L]["diff_none"] is None and crop[4 * L]["diff_crop"] is None
-    curve = by(report, "yarn")[4 * L]["curve"]  # the plotted per-bin difference: the same, bin by bin
-    assert np.mean(curve["diff_none"]) == pytest.approx(by(report, "yarn")[4 * L]["diff_none"], abs=1e-5)
+    yarn, none = by(report, "yarn")[4 * L], by(report, "none")[4 * L]
+    inside = np.mean(yarn["loss_by_position"][:L]) - np.mean(none["loss_by_position"][:L])
+    assert yarn["diff_none_inside"] == pytest.approx(inside, abs=1e-5) and abs(inside) > 1e-4
+    # the plotted per-bin difference: the same, bin by bin, past L
+    past = [d for x, d in zip(yarn["curve"]["x"], yarn["curve"]["diff_none"]) if x >= L]
+    assert np.mean(past) == pytest.approx(yarn["diff_none"], abs=1e-5)
 
 
 def nll_of_last_token(model, context):
@@ -164,30 +173,43 @@ def nll_of_last_token(model, context):
     return F.cross_entropy(logits[0, -1:], x[-1:]).item()
 
 
-def test_crop_equals_none_up_to_L_and_truncation_past_it(rope_run, report):
-    none, crop = by(report, "none"), by(report, "crop")
-    assert crop[4 * L]["loss_by_position"][:L] == pytest.approx(none[4 * L]["loss_by_position"][:L], abs=1e-5)
-    assert crop[4 * L]["loss_beyond_train"] != pytest.approx(none[4 * L]["loss_beyond_train"], abs=1e-3)
-    # one layer: the banded mask is exactly "each token sees only its last L tokens", i.e. truncation;
-    # RoPE's relative positions make the truncated context's absolute offset irrelevant
+def test_window_is_the_banded_mask_and_sinks_keep_the_first_tokens(rope_run, report):
+    none, window = by(report, "none"), by(report, "window")
+    assert window[4 * L]["loss_by_position"][:L] == pytest.approx(none[4 * L]["loss_by_position"][:L], abs=1e-5)
+    assert window[4 * L]["loss_beyond_train"] != pytest.approx(none[4 * L]["loss_beyond_train"], abs=1e-3)
+    # one layer: the banded mask is exactly "each token sees only its last L tokens"; RoPE's relative
+    # positions make the offset of those tokens irrelevant
     model, _, data_dir = load_run(rope_run)
     tokens, _ = load_split(data_dir, "val")
     starts, positions = windows_of(report, 4 * L), [L, 2 * L + 5, 4 * L - 1]
     expected = [np.mean([nll_of_last_token(model, tokens[s + p - L + 1:s + p + 2]) for s in starts]) for p in positions]
-    assert [crop[4 * L]["loss_by_position"][p] for p in positions] == pytest.approx(expected, abs=1e-4)
+    assert [window[4 * L]["loss_by_position"][p] for p in positions] == pytest.approx(expected, abs=1e-4)
+    # sinks: the first 4 tokens, then the last L - 4 (a StreamingLLM cache, one layer: a plain forward over it)
+    sinks = [np.mean([nll_of_last_token(model, np.concatenate([tokens[s:s + 4], tokens[s + p - L + 5:s + p + 2]]))
+                      for s in starts]) for p in positions]
+    assert [by(report, "sinks")[4 * L]["loss_by_position"][p] for p in positions] == pytest.approx(sinks, abs=1e-4)
 
 
-def test_crop_of_a_learned_table_is_truncation(learned_run, tmp_path):
-    rep = run(learned_run, tmp_path, "--lengths", "1,2", "--protocols", "windows")
+@pytest.fixture(scope="module", params=["rope", "learned", "sinusoidal", "alibi", "none"])
+def any_run(request, tmp_path_factory, dataset):
+    return trained(tmp_path_factory, dataset, request.param, pos_emb=request.param, n_layer=2)
+
+
+@pytest.mark.parametrize("stride", [1, L // 8])
+def test_crop_is_truncation_for_every_encoding(any_run, tmp_path, stride):
+    # each target past L from its own last tokens at positions 0.., by an independent forward per target: exactly
+    # the last L (stride 1), or with stride S the windows of L ending at L, L + S, ..., 2L, the first past the target
+    rep = run(any_run, tmp_path, "--lengths", "1,2", "--protocols", "windows", "--methods", "none,crop",
+              "--crop_stride", str(stride))
     crop = by(rep, "crop")[2 * L]
-    assert crop["available"] and not by(rep, "none")[2 * L]["available"]
-    model, _, data_dir = load_run(learned_run)
+    assert rep["crop_context"] == [L - stride + 1, L] and crop["available"]
+    model, _, data_dir = load_run(any_run)
     tokens, _ = load_split(data_dir, "val")
-    starts, S = windows_of(rep, 2 * L), L // 8
+    starts = windows_of(rep, 2 * L)
 
-    def context_start(p):  # windows of L end at L, L + S, ..., 2L: target p is scored by the first ending past it
-        return max(0, min(2 * L, L + S * math.ceil((p + 1 - L) / S)) - L)
-    for p in (1, L, L + S - 1, 2 * L - 1):  # 2, 29, 32 and 32 tokens of context
+    def context_start(p):
+        return max(0, min(2 * L, L + stride * math.ceil((p + 1 - L) / stride)) - L)
+    for p in (1, L - 1, L, L + 2, 2 * L - 1):
         expected = np.mean([nll_of_last_token(model, tokens[s + context_start(p):s + p + 2]) for s in starts])
         assert crop["loss_by_position"][p] == pytest.approx(expected, abs=1e-4), p
 
@@ -276,7 +298,7 @@ def test_none_evaluates_a_run_trained_with_a_scaling_as_trained(tmp_path_factory
 
 def test_a_learned_table_is_not_available_past_its_size(learned_run, tmp_path, capsys):
     rep = run(learned_run, tmp_path, "--lengths", "1,2", "--methods", "none,pi,yarn,logn")
-    assert "RoPE methods (pi, yarn) do not apply; evaluating none, logn" in capsys.readouterr().out
+    assert "pi, yarn do not apply; evaluating none, logn" in capsys.readouterr().out
     assert [(r["protocol"], r["method"], r["eval_len"]) for r in rep["results"]] == [
         (p, m, T) for p in ("windows", "sliding") for T in (L, 2 * L) for m in ("none", "logn")]
     at_1x, at_2x = by(rep, "none")[L], by(rep, "none")[2 * L]
@@ -299,7 +321,7 @@ def test_bad_input_is_a_one_line_error(rope_run, dataset, tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "ckpt.pt").write_bytes(b"not a checkpoint")
     assert "is corrupted or not a ropelab checkpoint" in error_of([str(tmp_path / "bad")])
-    assert ("unknown --methods rope2; allowed: none, crop, pi, ntk, dynamic-ntk, yarn, ntk-by-parts, llama3, logn, ntk+logn"
+    assert ("unknown --methods rope2; allowed: none, crop, window, sinks, pi, ntk, dynamic-ntk, yarn, ntk-by-parts, llama3, logn, ntk+logn"
             in error_of([str(rope_run), "--methods", "pi,rope2"]))
     assert "--factor must be >= 1, got 0.5" in error_of([str(rope_run), "--factor", "0.5"])
     assert "length 32000, windows protocol (units of 32001 tokens): no window" in error_of([str(rope_run), "--lengths", "1,1000"])
@@ -352,7 +374,7 @@ def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
     md = (tmp_path / "cmp.md").read_text()
     assert md == capsys.readouterr().out.split("-> ")[0]
     rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert rows == ["rope / none", "rope / crop", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
+    assert rows == ["rope / none", "rope / crop", "rope / window", "rope / sinks", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
                     "rope / dynamic-ntk (causal)", "rope / yarn", "rope / ntk-by-parts", "rope / llama3", "rope / logn",
                     "rope / ntk+logn", "learned / none", "learned / crop", "learned / logn"]
     assert "| learned / none | " in md and md.count("n/a") == 4  # learned none and logn at 2x and 4x
@@ -373,7 +395,7 @@ def test_a_fine_tuned_run_is_scored_from_its_original_length(rope_run, dataset, 
                  "--protocols", "windows")
     assert (report["train_len"], report["context_len"]) == (L, 2 * L)
     by = {(r["method"], r["eval_len"]): r for r in report["results"]}
-    assert by["pi", 4 * L]["factor"] == 4 and by["crop", 4 * L]["positions"]["window"] == 2 * L
+    assert by["pi", 4 * L]["factor"] == 4 and report["crop_context"] == [2 * L - 2 * L // 8 + 1, 2 * L]
     assert by["crop", 2 * L]["loss"] == pytest.approx(by["none", 2 * L]["loss"], abs=1e-6)  # nothing cropped up to 2L
 
 
@@ -388,7 +410,7 @@ def test_a_run_that_fails_or_has_nothing_to_do_leaves_earlier_outputs_as_they_we
     run(learned_run, tmp_path, "--lengths", "1", "--methods", "none", "--protocols", "windows")
     before = outputs_of(tmp_path, names)
     common = [str(learned_run), "--out", str(tmp_path), "--no-wandb"]
-    assert ("pos_emb=learned: RoPE methods (pi) do not apply; use --methods none,crop,logn"
+    assert ("pos_emb=learned: pi do not apply; use --methods none,crop,logn"
             in error_of([*common, "--lengths", "4", "--methods", "pi"]))
     assert ("nothing to evaluate: none at 128 tokens: a learned position table has 32 entries"
             in error_of([*common, "--lengths", "4", "--methods", "none,logn"]))

@@ -4,8 +4,7 @@ import math
 import pytest
 import torch
 
-from eval.extrapolate import unavailable
-from eval.methods import applicable
+from eval.methods import applicable, unavailable
 from model import GPT, GPTConfig, KVCache, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
@@ -150,7 +149,7 @@ def test_alibi_attention_is_softmax_of_scaled_scores_plus_the_bias():
     y = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1) @ v
     expected = attn.c_proj(y.transpose(1, 2).reshape(2, T, 32))
     with torch.no_grad():
-        out = attn(x, Positions(None, None, alibi_bias(alibi_slopes(H), T, T, None, "cpu"), None, None), None)
+        out = attn(x, Positions(None, None, alibi_bias(alibi_slopes(H), T, T, None, "cpu"), None, None, None), None)
     assert torch.allclose(out, expected, atol=1e-6)
 
 
@@ -167,12 +166,13 @@ def test_alibi_biases_matter_and_run_past_the_training_length_and_through_the_ca
     assert torch.allclose(torch.cat([head] + steps, dim=1), crop, atol=1e-5)
 
 
-def test_alibi_is_evaluated_past_the_training_length_with_none_crop_and_logn():
+def test_alibi_is_evaluated_past_the_training_length_with_the_methods_that_act_on_attention():
     model = tiny(pos_emb="alibi")
-    assert applicable(("none", "crop", "pi", "ntk", "yarn", "logn", "ntk+logn"), "alibi") == ["none", "crop", "logn"]
-    assert unavailable(model.config, "none", "windows", 16 * L) is None
-    assert unavailable(model.config, "crop", "sliding", 16 * L) is None
-    assert "rescales RoPE" in unavailable(model.config, "yarn", "windows", 16 * L)
+    assert (applicable(("none", "crop", "window", "sinks", "pi", "ntk", "yarn", "logn", "ntk+logn"), "alibi")
+            == ["none", "crop", "window", "sinks", "logn"])
+    assert unavailable(model.config, "none", 16 * L) is None and unavailable(model.config, "sinks", 16 * L) is None
+    assert "rescales RoPE" in unavailable(model.config, "yarn", 16 * L)
+    assert "masks relative positions" in unavailable(tiny(pos_emb="sinusoidal").config, "window", 2 * L)
 
 
 def test_p_rope_with_every_pair_is_rope_and_with_half_differs():
@@ -199,3 +199,32 @@ def test_a_few_steps_lower_the_loss_on_a_tiny_batch():
 def test_generate_extends_the_prompt():
     out = tiny().generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=2 * L, top_k=5)
     assert out.shape == (1, 3 + 2 * L) and out.max() < 97
+
+
+@pytest.mark.parametrize("pos_emb", ["rope", "alibi", "none"])
+def test_sinks_predict_as_streaming_llm_cache_that_evicts_and_reindexes(pos_emb):
+    # StreamingLLM (Xiao et al. 2023) by hand: for query i the cache holds the first 4 tokens and the last L - 4,
+    # at cache positions 0 .. L-1. With one layer a key depends only on its token and its cache position, so
+    # that cache is a plain forward over those L tokens: the query's logits are that forward's last ones.
+    model = sharpen(tiny(pos_emb=pos_emb, n_layer=1))
+    idx, sinks = torch.randint(0, 97, (2, 4 * L)), 4
+    logits, _ = model(idx, window=L, sinks=sinks)
+    for i in (L - 1, L, L + 3, 2 * L + 5, 4 * L - 1):
+        cache = torch.cat((idx[:, :sinks], idx[:, max(sinks, i - L + sinks + 1):i + 1]), dim=1)
+        assert torch.allclose(logits[:, i], model(cache)[0][:, -1], atol=1e-5), i
+    # differs from the plain window (the sinks are seen) and from none (far keys are not)
+    assert not torch.allclose(logits, model(idx, window=L)[0], atol=1e-3)
+    assert not torch.allclose(logits, model(idx)[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("pos_emb", ["rope", "alibi"])
+def test_sinks_through_the_kv_cache_equal_the_full_forward(pos_emb, one_thread):
+    model, idx = sharpen(tiny(pos_emb=pos_emb)), torch.randint(0, 97, (1, 3 * L))
+    cache = KVCache(model.config.n_layer)
+    steps = torch.cat([model(idx[:, t:t + 1], cache=cache, window=L, sinks=4)[0] for t in range(idx.size(1))], dim=1)
+    assert torch.allclose(steps, model(idx, window=L, sinks=4)[0], atol=1e-5)
+
+
+def test_sinks_need_a_window():
+    with pytest.raises(ValueError, match="sinks=4 needs a window longer than it"):
+        tiny()(torch.zeros(1, 4, dtype=torch.long), sinks=4)

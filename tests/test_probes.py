@@ -237,7 +237,7 @@ def test_probes_with_nothing_to_measure_are_one_line_errors_that_write_nothing(t
     assert "nothing to probe: the rotation probe needs RoPE, not pos_emb=learned" in probe_error([*common, "--probes", "rotation"])
     assert ("nothing to probe: none at 64 tokens: a learned position table has 32 entries"
             in probe_error([*common, "--probes", "entropy", "--lengths", "2,4"]))
-    assert "pos_emb=learned: RoPE methods (pi) do not apply; use --methods none,crop,logn" in probe_error([*common, "--methods", "pi"])
+    assert "pos_emb=learned: pi do not apply; use --methods none,crop,logn" in probe_error([*common, "--methods", "pi"])
     assert [p.name for p in tmp_path.iterdir()] == ["probes.json"] and (tmp_path / "probes.json").read_text() == "earlier"
     # beside a probe with something to show, one with nothing available gets no figure (and no plotting error)
     probes.probes(probes.parse_args([*common, "--probes", "copy,entropy", "--lengths", "2", "--distances", "0.5,2"]))

@@ -35,6 +35,14 @@ def method_kwargs(method):
     return forward_args(method, 4 * L, L, L)
 
 
+CACHED = [m for m in METHODS if m != "crop"]  # crop is no forward argument: sampling truncates (generate_truncated)
+
+
+def exact(method):
+    """The full forward's reference: exact causal dynamic scaling (sinks have no dynamic scale to make exact)."""
+    return {} if method == "sinks" else dict(causal_dynamic=True)
+
+
 def cached(model, idx, prefill, **kw):
     """Logits of idx through the KV cache: the first `prefill` tokens in one forward, then one per forward."""
     cache = KVCache(model.config.n_layer)
@@ -47,13 +55,13 @@ def rope():
     return tiny()
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", CACHED)
 def test_cached_decoding_equals_the_exact_causal_forward(rope, method):
     # the cache keeps keys unrotated and re-rotates them with the frequencies for the current length: token t
     # gets the scale for length t + 1, which is the full forward's causal_dynamic mode
     kw = method_kwargs(method)
     idx = torch.randint(0, 97, (2, 4 * L))
-    full, _ = rope(idx, causal_dynamic=True, **kw)
+    full, _ = rope(idx, **exact(method), **kw)
     with torch.no_grad():
         assert torch.allclose(cached(rope, idx, L, **kw), full, atol=1e-4)
         if method != "none":  # the arguments really act past L (else the test would pass vacuously)
@@ -70,7 +78,7 @@ def test_one_forward_of_a_long_prompt_would_not_be_exact_for_dynamic_ntk(rope):
         assert not torch.allclose(cached(rope, idx, 3 * L - 1, **kw)[:, -1], full[:, -1], atol=1e-3)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", CACHED)
 def test_generate_sees_the_logits_of_the_exact_causal_forward_and_top_k_1_takes_their_argmax(rope, method, monkeypatch):
     # a prompt longer than L, continued to 3.5 L: generate passes the method to every step and feeds the
     # prompt exactly; the logits each step samples from are recorded
@@ -83,7 +91,7 @@ def test_generate_sees_the_logits_of_the_exact_causal_forward_and_top_k_1_takes_
     kw, P = method_kwargs(method), L + L // 2
     out = rope.generate(torch.randint(0, 97, (2, P)), 2 * L, temperature=2.0, top_k=1, **kw)
     with torch.no_grad():
-        full, _ = rope(out, causal_dynamic=True, **kw)  # causal: position t depends on tokens <= t only
+        full, _ = rope(out, **exact(method), **kw)  # causal: position t depends on tokens <= t only
     assert torch.allclose(torch.stack(seen, dim=1), full[:, P - 1:-1], atol=1e-4)
     assert torch.equal(out[:, P:], full[:, P - 1:-1].argmax(-1))
 
@@ -165,11 +173,11 @@ def test_alibi_and_p_rope_runs_sample_far_past_the_training_length(tmp_path):
         assert len(run_sample(run_dir, "--max_new_tokens", str(4 * L), "--method", method)) == 1
     with pytest.raises(SystemExit) as e:
         run_sample(alibi, "--method", "yarn")
-    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, logn"
+    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, window, sinks, logn"
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "rope2"], "unknown --method 'rope2'; allowed: none, crop, pi, ntk, dynamic-ntk, yarn"),
+    (["--method", "rope2"], "unknown --method 'rope2'; allowed: none, crop, window, sinks, pi, ntk, dynamic-ntk, yarn"),
     (["--factor", "0.5"], "--factor must be auto or a number >= 1, got 0.5"),
     (["--factor", "big"], "--factor 'big' is not auto or a number"),
     (["--temperature", "0"], "--temperature must be > 0, got 0.0; for greedy sampling use --top_k 1"),

@@ -3,42 +3,129 @@ import json
 import math
 import shlex
 
+import numpy as np
 import pytest
 
-from eval import study
+from eval import stats, study
 from runtime import ROOT
 
-# t quantile 0.975 with 2 degrees of freedom, from a printed t table: t = sqrt(2) * 3.0424... = 4.302653
-T_975_DF2 = 4.302653
 
 
-def test_interval_of_three_seeds_is_the_t_interval():
-    s = study.interval([1.0, 2.0, 3.0])  # mean 2, sample std 1
-    half = T_975_DF2 * 1.0 / math.sqrt(3)  # 2.484138
-    assert s["n"] == 3 and s["mean"] == pytest.approx(2.0)
-    assert (s["lo"], s["hi"]) == pytest.approx((2.0 - half, 2.0 + half), rel=1e-6)
-    assert study.interval([5.0]) == dict(n=1, mean=5.0, lo=None, hi=None)  # one seed: no interval
-    assert study.interval([None, None]) is None  # not available in any seed
+def entry(method, eval_len=64, protocol="windows", **per_unit):
+    """An extrapolation.json entry from its per-window values (a metric not given: None), its scalars their means."""
+    per_unit = {m: None if per_unit.get(m) is None else list(per_unit[m]) for m in study.METRICS}
+    return dict(protocol=protocol, method=method, mode=None, eval_len=eval_len, per_unit=per_unit,
+                **{m: None if v is None else float(np.mean(v)) for m, v in per_unit.items()})
 
 
-def fake_report(loss_none, loss_yarn):
-    entry = dict(protocol="windows", mode=None, eval_len=64, loss_beyond_train=None, diff_crop=None)
-    return dict(train_len=32, results=[dict(entry, method="none", loss=loss_none, diff_none=None),
-                                       dict(entry, method="yarn", loss=loss_yarn, diff_none=loss_yarn - loss_none)])
+def fake_report(loss_none, loss_yarn, windows=(0.1, -0.1, 0.2, -0.2)):
+    """One seed at 2x a training length of 32: none, yarn and crop (loss 3.8) on the same 4 windows."""
+    none, yarn, crop = np.add(loss_none, windows), np.add(loss_yarn, np.multiply(windows, 0.5)), np.add(3.8, windows)
+    return dict(run="fake", train_len=32, units={}, results=[
+        entry("none", loss=none, diff_crop=none - crop), entry("yarn", loss=yarn, diff_none=yarn - none, diff_crop=yarn - crop),
+        entry("crop", loss=crop)])
 
 
-def test_aggregate_gives_mean_interval_and_paired_differences_across_seeds():
+def test_aggregate_is_the_two_way_bootstrap_over_seeds_x_windows():
+    rng = np.random.default_rng(0)
+    loss = 4 + rng.normal(0, 0.3, (3, 8)) + rng.normal(0, 0.2, (3, 1))  # 3 seeds x 8 windows, a per-seed shift
+    reports = {"rope_small": [dict(run=f"s{k}", train_len=32, results=[entry("yarn", loss=v, diff_crop=v - 4.1)])
+                              for k, v in enumerate(loss)]}
+    (row,) = study.aggregate(reports)
+    assert row["loss"] == stats.interval(loss) and row["diff_crop"] == stats.interval(loss - 4.1)
+    assert row["loss"]["mean"] == pytest.approx(loss.mean()) and (row["loss"]["seeds"], row["loss"]["units"]) == (3, 8)
+    assert row["loss"]["lo"] < row["loss"]["mean"] < row["loss"]["hi"]
+    assert row["per_seed"]["loss"] == pytest.approx(loss.mean(axis=1).tolist()) and row["diff_none"] is None
+    md = study.markdown([row], 3)
+    assert "### perplexity over all targets, windows protocol\n\nmean [95% bootstrap interval over 3 seeds x 8 windows]" in md
+    assert f"| rope_small | yarn | {math.exp(row['loss']['mean']):.1f} [{math.exp(row['loss']['lo']):.1f}, " in md
+    assert "loss minus none over the targets past L" not in md  # no row has it: no table
+
+
+def test_paired_differences_vary_less_than_the_losses():
     reports = {"rope_small": [fake_report(4.0, 3.5), fake_report(4.2, 3.6), fake_report(4.4, 3.7)]}
     rows = {r["method"]: r for r in study.aggregate(reports)}
-    assert rows["none"]["loss"]["mean"] == pytest.approx(4.2)
-    half = T_975_DF2 * 0.2 / math.sqrt(3)  # std of 4.0, 4.2, 4.4 is 0.2
-    assert rows["none"]["loss"]["hi"] == pytest.approx(4.2 + half, rel=1e-6)
-    # paired: the differences -0.5, -0.6, -0.7 vary far less than the losses themselves
-    diff = rows["yarn"]["diff_none"]
-    assert diff["mean"] == pytest.approx(-0.6) and diff["hi"] - diff["lo"] == pytest.approx(2 * T_975_DF2 * 0.1 / math.sqrt(3), rel=1e-6)
-    assert rows["yarn"]["per_seed"]["loss"] == [3.5, 3.6, 3.7] and rows["none"]["diff_none"] is None
+    assert rows["none"]["loss"]["mean"] == pytest.approx(4.2) and rows["yarn"]["diff_none"]["mean"] == pytest.approx(-0.6)
+    # the seeds move both methods together: yarn - none spreads over -0.5..-0.7 and half the windows' spread
+    width = {m: rows[m][k]["hi"] - rows[m][k]["lo"] for m, k in (("none", "loss"), ("yarn", "diff_none"))}
+    assert width["yarn"] < width["none"] / 2
+    assert rows["yarn"]["per_seed"]["loss"] == pytest.approx([3.5, 3.6, 3.7]) and rows["none"]["diff_none"] is None
     md = study.markdown(study.aggregate(reports), 3)
-    assert "| rope_small | yarn |" in md and f"{math.exp(3.6):.1f} [" in md
+    assert "| rope_small | yarn |" in md and f"{math.exp(3.6):.1f} [" in md and "| 2x (64) |" in md
+
+
+def test_holm_decides_the_declared_contrasts_against_crop_past_the_training_length():
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 0.5, (3, 16))
+    diffs = dict(yarn=-1 + rng.normal(0, 0.2, (3, 16)), pi=1 + rng.normal(0, 0.2, (3, 16)), ntk=noise - noise.mean())
+    reports = {"rope_small": [dict(run=f"s{k}", train_len=32, results=[
+        entry("crop", loss=[4.0] * 16), *(entry(m, loss=4 + d[k], diff_crop=d[k]) for m, d in diffs.items()),
+        entry("yarn", eval_len=32, loss=[3.0] * 16, diff_crop=[-1.0] * 16),  # at L: not in the family
+        entry("yarn", protocol="sliding", loss=[3.0] * 16, diff_crop=[-1.0] * 16)])  # sliding: not in the family
+        for k in range(3)]}
+    rows = study.aggregate(reports)
+    declared = {c["method"]: c for c in study.contrasts(rows)}
+    assert {m: c["decision"] for m, c in declared.items()} == dict(yarn="lower than crop", pi="higher than crop",
+                                                                    ntk="undecided")
+    assert declared["ntk"]["p"] > 0.5 and declared["yarn"]["hi"] < 0 < declared["pi"]["lo"] and declared["yarn"]["eval_len"] == 64
+    md = study.markdown(rows, 3)
+    assert "m = 3" in md and "Holm's procedure at 0.05 family-wise" in md
+    assert f"| rope_small | yarn | {declared['yarn']['mean']:.3f} [{declared['yarn']['lo']:.3f}, " in md
+    assert md.split("### Declared contrasts")[1].count(" lower |") == 1
+    # decided as a family, not one by one: Holm keeps 0.03 and 0.04 (test_stats.py's hand-worked case)
+    p = dict(a=0.01, b=0.04, c=0.03, d=0.005)
+    rows = [dict(config="c", protocol="windows", method=m, mode=None, eval_len=64, train_len=32,
+                 diff_crop=dict(mean=-0.1, lo=-0.2, hi=0.1, p=x)) for m, x in p.items()]
+    assert [c["decision"] for c in study.contrasts(rows)] == ["lower than crop", "undecided", "undecided", "lower than crop"]
+
+
+def probes_report(hit):
+    """One seed's probes: copy at distance 32 (5 trials), passkey at 64 over 2 depths (3 trials each), all hits = hit;
+    and an older copy entry without per-trial hits."""
+    copy = dict(probe="copy", eval_len=64, distance=32, available=True)
+    return dict(train_len=32, retrieval=dict(retrieves=bool(hit)), results=[
+        dict(copy, method="none", top1=float(hit), hits=[float(hit)] * 5), dict(copy, method="yarn", top1=0.5),
+        *(dict(probe="passkey", method="none", eval_len=64, depth=d, available=True, exact=float(hit), hits=[hit] * 3)
+          for d in (0, 1))])
+
+
+def test_probe_proportions_stay_inside_0_1():
+    rows = {(r["probe"], r["method"]): r for r in study.aggregate_probes({"rope_small": [probes_report(1), probes_report(0)]})}
+    # two seeds, one copying every trial, one none: a t interval would be 0.5 +- 6.35; the bootstrap's is [0, 1]
+    copy, passkey = rows["copy", "none"]["value"], rows["passkey", "none"]["value"]
+    assert (copy["mean"], copy["lo"], copy["hi"], copy["seeds"], copy["units"]) == (0.5, 0.0, 1.0, 2, 5)
+    assert (passkey["lo"], passkey["hi"], passkey["units"]) == (0.0, 1.0, 6)  # depths x trials
+    assert rows["copy", "yarn"]["value"]["units"] == 1 and rows["copy", "none"]["seeds_that_copy"] == 1
+    md = study.markdown(study.aggregate({"rope_small": [fake_report(4.0, 3.5)] * 2}), 2, list(rows.values()))
+    assert "### copy probe: top-1 on the repeat, by distance\n\nmean [95% bootstrap interval over 2 seeds x 5 trials]" in md
+    assert "| rope_small (1/2 copy) | none | 0.50 [0.00, 1.00] |" in md
+
+
+def test_an_old_report_or_seeds_on_different_windows_are_a_one_line_error(tmp_path, monkeypatch):
+    old = fake_report(4.0, 3.5)
+    for r in old["results"]:
+        del r["per_unit"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "extrapolation.json").write_text(json.dumps(old))
+    monkeypatch.setattr(study, "run_one", lambda *args: run_dir)
+    message = error_of(["configs/rope_small.py", "--seeds", "2", "--out", str(tmp_path / "s"), "--wandb_log", "false"])
+    assert "fake has no per-unit values" in message and "run the study again" in message and not (tmp_path / "s").exists()
+    with pytest.raises(ValueError) as e:
+        study.aggregate({"rope_small": [fake_report(4.0, 3.5), fake_report(4.0, 3.5, windows=(0.1, -0.1))]})
+    assert "seeds were scored on different units (4, 2 of them)" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_study_re_evaluates_a_report_without_per_unit_values(tmp_path, monkeypatch):
+    run_dir, calls = tmp_path / "rope_small_seed0", []
+    run_dir.mkdir()
+    monkeypatch.setattr(study, "last_iter", lambda run_dir: (6, 6))  # trained already
+    monkeypatch.setattr(study, "step", lambda what, cmd: calls.append(what))
+    for report in (fake_report(4.0, 3.5), dict(fake_report(4.0, 3.5), results=[dict(entry("none"), per_unit=None)]),
+                   dict(fake_report(4.0, 3.5), results=[{k: v for k, v in entry("none").items() if k != "per_unit"}])):
+        (run_dir / "extrapolation.json").write_text(json.dumps(dict(report, checkpoint_iter=6, options=[])))
+        study.run_one("configs/rope_small.py", 0, tmp_path, [], [])
+    assert calls == ["evaluate rope_small_seed0"]  # only the last: an older extrapolate.py's
 
 
 def test_a_study_trains_evaluates_aggregates_and_resumes(dataset, tmp_path, capsys):
@@ -53,11 +140,20 @@ def test_a_study_trains_evaluates_aggregates_and_resumes(dataset, tmp_path, caps
     assert all((r / "extrapolation.json").is_file() for r in runs)
     assert result["seeds"] == 2 and result["configs"] == ["tiny_rope"]
     row = next(r for r in result["rows"] if r["method"] == "yarn" and r["eval_len"] == 64 and r["protocol"] == "windows")
-    assert row["loss"]["n"] == 2 and row["loss"]["lo"] < row["loss"]["mean"] < row["loss"]["hi"]
+    windows = len(json.loads((runs[0] / "extrapolation.json").read_text())["units"]["windows 64"])
+    assert (row["loss"]["seeds"], row["loss"]["units"]) == (2, windows)
+    assert row["loss"]["lo"] < row["loss"]["mean"] < row["loss"]["hi"]
     assert len(set(row["per_seed"]["loss"])) == 2  # the seeds really differ
+    # the declared family: none and yarn against crop at 2x, each decided
+    contrasts = result["contrasts"]
+    assert contrasts["family_size"] == 2
+    assert {(c["method"], c["eval_len"]) for c in contrasts["rows"]} == {("none", 64), ("yarn", 64)}
+    assert {c["decision"] for c in contrasts["rows"]} <= {"lower than crop", "higher than crop", "undecided"}
     assert json.loads((tmp_path / "s" / "study.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     md = (tmp_path / "s" / "study.md").read_text()
     assert (tmp_path / "s" / "study.png").stat().st_size > 10_000 and "crop" in md
+    assert "### perplexity over all targets, windows protocol\n\nmean [95% bootstrap interval over 2 seeds x " in md
+    assert "### Declared contrasts" in md and "m = 2" in md
     # headed by the command that regenerates it: outside the repo the paths are absolute, the defaults left out
     command = shlex.join(["python", "eval/study.py", str(cfg.resolve()), "--seeds=2", f"--out={(tmp_path / 's').resolve()}",
                           "--eval_args=--lengths 1,2 --methods none,crop,yarn --tokens 128 --no-wandb", "--wandb_log=false"])
@@ -150,3 +246,5 @@ def test_the_study_writes_its_outputs_last(tmp_path, monkeypatch):
         assert error_of(argv).endswith("the figure failed") and not (tmp_path / "s").exists()
     study.main(argv)
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["study.json", "study.md", "study.png"]
+    written = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert written["contrasts"]["family_size"] == 2 and written["rows"][0]["loss"]["seeds"] == 2  # none and yarn vs crop

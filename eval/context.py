@@ -1,0 +1,137 @@
+"""Does more context help? The same targets scored with c = L/4 .. 16L tokens of context per method; writes
+context.{json,csv,png} into RUN_DIR (or --out) once all is computed (docs/methodology.md).
+
+Units: --units held-out windows of C_max + 1 tokens (C_max the largest context); targets: the last m tokens of each.
+At context c a method scores the unit's last c + 1 tokens from position 0 and keeps the last m NLLs, so a target
+has c - m + 1 to c tokens of context. crop is truncation: it keeps at most the run's own block_size of them."""
+import sys
+import time
+from pathlib import Path
+
+import math
+import numpy as np
+from tqdm import tqdm
+
+from data.dataset import doc_windows, load_split
+from eval import methods
+from eval.extrapolate import mean_stderr
+from eval.methods import METHODS, forward_args, original_len
+from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
+from eval.score import load_run, score_rows
+from runtime import arg_parser, number, parse_list, pick_device, run_cli
+
+CSV_FIELDS = ("method", "context", "multiple", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
+              "reason", "seconds")
+
+
+def parse_args(argv):
+    p = arg_parser(__doc__)
+    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    for name, default, text in (
+            ("contexts", "0.25,0.5,1,2,4,8,16", "context lengths, multiples of the training length"),
+            ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"), ("units", "32", "held-out windows"),
+            ("targets", "auto", "targets per window: auto (training length // 8) or a number"),
+            ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+        p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
+    a = p.parse_args(argv)
+    contexts = parse_list(a.contexts, "contexts", float)
+    if not all(0 < x < math.inf for x in contexts):  # also nan
+        raise ValueError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
+    return dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device), contexts=contexts,
+                options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, METHODS),
+                units=number(a.units, "units", int, 1), seed=number(a.seed, "seed", int, 0),
+                targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1))
+
+
+def seen(method, c, run_len):
+    """Input tokens a method gets at context c: crop is a model that never saw more than its own length."""
+    return min(c, run_len) if method == "crop" else c
+
+
+def score(model, units, c, m, method, train_len):
+    """Per-unit mean NLL of the last m targets, each unit's last seen(...) + 1 tokens scored from position 0."""
+    run_len = model.config.block_size
+    kwargs = {} if method == "crop" else forward_args(method, c, train_len, run_len)
+    return score_rows(model, units[:, -(seen(method, c, run_len) + 1):], **kwargs)[0][:, -m:].mean(axis=1)
+
+
+def plot(report):
+    plt, L, rs = pyplot(), report["train_len"], report["results"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, method in enumerate(dict.fromkeys(r["method"] for r in rs)):
+        if not (mine := [r for r in rs if r["method"] == method and r["available"]]):
+            ax.plot([], [], " ", label=f"{method}: n/a")  # in the legend, so its absence is visible
+            continue
+        x, y, e = (np.array([r[k] or 0.0 for r in mine]) for k in ("context", "loss", "stderr"))
+        style = line_style(method, i)
+        ax.plot(x, y, marker="o", ms=3, lw=1.2, label=method, **style)
+        ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
+    ax.axvline(L, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(report["contexts"], [str(c) for c in report["contexts"]])
+    ax.set(xlabel="context c (tokens)", ylabel="NLL of the same targets (mean, +-1 s.e. over units)",
+           title=f"{report['run']} ({report['pos_emb']}, trained at {L}, dotted): {report['units']} units x "
+                 f"{report['targets']} targets,\neach with c - {report['targets']} + 1 to c tokens of context "
+                 f"(crop, dashed: at most {report['context_len']})")
+    ax.legend(fontsize=8)
+    return png(fig)
+
+
+def table(report):
+    cs, rows = report["contexts"], {}
+    for r in report["results"]:
+        rows.setdefault(r["method"], {})[r["context"]] = fmt(r["loss"], 3)
+    body = [["method"] + [str(c) for c in cs]] + [[k] + [v[c] for c in cs] for k, v in rows.items()]
+    width = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
+    return "loss (NLL) by context in tokens:\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, width)) for row in body)
+
+
+def context_sweep(args):
+    model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    L, run_len, pos_emb = original_len(ckpt), model.config.block_size, model.config.pos_emb
+    kept = methods.usable(args["methods"], pos_emb)
+    m, contexts = args["targets"] or max(1, L // 8), sorted({round(x * L) for x in args["contexts"]})
+    if bad := [c for c in contexts if c < m] + ([run_len] if "crop" in kept and run_len < m else []):
+        raise ValueError(f"context {bad[0]} tokens is shorter than the {m} targets: each context needs c >= m "
+                         f"(use larger --contexts or fewer --targets)")
+    grid = [(c, meth, methods.unavailable(model.config, meth, seen(meth, c, run_len))) for c in contexts for meth in kept]
+    if all(reason for *_, reason in grid):  # nothing can be scored: say so before anything is computed or written
+        raise ValueError(f"nothing to evaluate: {grid[0][1]} at {grid[0][0]} tokens: {grid[0][2]}")
+    tokens, docs = load_split(data_dir, "val")
+    C = contexts[-1]
+    try:  # one set of units for every context and method: the comparisons are paired
+        starts = doc_windows(docs, C + 1, args["units"], np.random.default_rng(args["seed"]))
+    except ValueError as e:
+        raise ValueError(f"context {C} ({C / L:g}x, units of {C + 1} tokens): {e}") from None
+    if len(starts) < args["units"]:  # doc_windows takes every window there is: say that the sample is smaller
+        print(f"the held-out text holds {len(starts)} units of {C + 1} tokens, fewer than --units {args['units']}")
+    units, t0, results = np.stack([tokens[s:s + C + 1] for s in starts]).astype(np.int64), time.time(), []
+    for c, method, reason in tqdm(grid, desc="context", unit="eval"):
+        t1, n = time.time(), seen(method, c, run_len)
+        per_unit = None if reason else score(model, units, c, m, method, L)
+        loss, stderr = (None, None) if reason else mean_stderr(per_unit)
+        results.append(dict(method=method, context=c, multiple=c / L, context_range=[n - m + 1, n], loss=loss,
+                            ppl=None if reason else math.exp(loss), stderr=stderr, raw=per_unit,
+                            available=reason is None, reason=reason, seconds=round(time.time() - t1, 3)))
+    crop = {r["context"]: r["raw"] for r in results if r["method"] == "crop"}
+    for r in results:  # paired differences to crop at the same context, on the same units
+        ref = crop.get(r["context"]) if r["method"] != "crop" else None
+        raw = r.pop("raw")
+        r["diff_crop"], r["diff_crop_stderr"] = (None, None) if raw is None or ref is None else mean_stderr(raw - ref)
+        r["per_unit"] = None if raw is None else np.round(raw, 6).tolist()
+    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, pos_emb=pos_emb, train_len=L,
+                  context_len=run_len, units=len(starts), targets=m, seed=args["seed"], contexts=contexts,
+                  options=args["options"], seconds=round(time.time() - t0, 1), starts=[int(s) for s in starts],
+                  results=results)
+    write_all(args["out"], {"context.png": plot(report), **json_csv("context", report, results, CSV_FIELDS)})
+    print(table(report), f"-> {args['out']}/context.{{json,csv,png}}", sep="\n")
+    return report
+
+
+def main(argv):
+    return run_cli("context.py", lambda: context_sweep(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
