@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from rope import LAYOUTS, apply_rope, check_scaling, rope_cos_sin, rope_frequencies, rotating_pairs, scaling_type
+from rope import (LAYOUTS, apply_rope, check_scaling, pair_attention, rope_cos_sin, rope_frequencies, rotating_pairs,
+                  scaling_type)
 
 POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
@@ -50,12 +51,17 @@ class GPTConfig:
             raise ValueError(f"rope_fraction={self.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {self.pos_emb!r}")
         if self.pos_emb == "rope":
             rotating_pairs(self.n_embd // self.n_head, self.rope_fraction)  # raises for a bad fraction
-        check_scaling(self.full_rope_scaling())
+        check_scaling(self.full_rope_scaling(), self.n_embd // self.n_head)
 
     def full_rope_scaling(self, scaling=None):
-        """`scaling` (default: as trained) whose original length defaults to block_size, as in transformers."""
+        """`scaling` (default: as trained) whose original length defaults to block_size, as in transformers, and whose
+        rope_theta and partial_rotary_factor (the model's, not a scaling's: v5 keeps them in the dict) default to the
+        trained dict's."""
+        trained = self.rope_scaling if isinstance(self.rope_scaling, dict) else {}
+        own = {k: trained[k] for k in ("rope_theta", "partial_rotary_factor") if k in trained}
         scaling = scaling or self.rope_scaling
-        return {"original_max_position_embeddings": self.block_size, **scaling} if isinstance(scaling, dict) else scaling
+        return ({"original_max_position_embeddings": self.block_size, **own, **scaling} if isinstance(scaling, dict)
+                else scaling)
 
 
 class Positions(NamedTuple):
@@ -64,7 +70,7 @@ class Positions(NamedTuple):
     sin: torch.Tensor | None
     mask: torch.Tensor | None  # None: plain causal; bool [T, Tk] keys each query sees; float [H, T, Tk] ALiBi bias
     q_scale: torch.Tensor | None  # [T, 1] log-n scaling of each query
-    per_query: tuple | None  # (inv_freq [T, head_dim/2], attention_factor): exact causal dynamic scaling
+    per_query: tuple | None  # (inv_freq [T, head_dim/2], attention [head_dim/2]): exact causal dynamic scaling
     sinks: tuple | None  # StreamingLLM with RoPE: (n sinks, cos, sin [T, head_dim] of each query at its cache position)
 
 
@@ -183,6 +189,7 @@ class CausalSelfAttention(nn.Module):
             # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
             q = torch.cat((q0, apply_rope(q, cos, sin, self.layout)), dim=-1) * math.sqrt(2)
             k = torch.cat((k * ~sink, k * sink), dim=-1)
+            v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
         elif pos.cos is not None:
             q = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
             k = apply_rope(k, pos.cos, pos.sin, self.layout)
@@ -192,7 +199,7 @@ class CausalSelfAttention(nn.Module):
             y = causal_dynamic_attention(q, k, v, *pos.per_query, pos.mask, self.layout)
         else:
             mask = pos.mask.to(q.dtype) if pos.mask is not None and pos.mask.is_floating_point() else pos.mask
-            y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)
+            y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)[..., :C // self.n_head]
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -256,13 +263,16 @@ class GPT(nn.Module):
     def rotary(self, seq_len, scaling, causal_dynamic, device):
         """(cos, sin, per_query) of RoPE for one forward over positions [0, seq_len), shared by every layer:
         the tables of rope.rope_cos_sin, or with causal_dynamic per_query = (inv_freq [seq_len, head_dim/2],
-        attention_factor), row t the frequencies for length t + 1 (exact causal dynamic scaling)."""
+        attention [head_dim/2] (rope.pair_attention)), row t the frequencies for length t + 1 (exact causal dynamic)."""
+        cfg = self.config
         if causal_dynamic:
             freqs = [self.frequencies(n, scaling) for n in range(1, seq_len + 1)]
-            return None, None, (torch.stack([f for f, _ in freqs]).to(device), freqs[-1][1])
+            attention = pair_attention(cfg.n_embd // cfg.n_head, cfg.full_rope_scaling(scaling), freqs[-1][1])
+            return None, None, (torch.stack([f for f, _ in freqs]).to(device), attention.to(device))
         inv_freq, attention_factor = self.frequencies(seq_len, scaling)
-        cos, sin = rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention_factor,
-                                self.config.rope_layout)
+        attention = pair_attention(cfg.n_embd // cfg.n_head, cfg.full_rope_scaling(scaling), attention_factor)
+        cos, sin = rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention.to(device),
+                                cfg.rope_layout)
         return cos, sin, None
 
     def attention_mask(self, T, Tk, window, sinks, exact, device):

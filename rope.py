@@ -1,21 +1,29 @@
 """
 Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
 
-Scaling is a Hugging Face style dict (the keys `transformers` uses in `config.rope_scaling`, or its v5
-`config.rope_parameters`, which may also carry the base as `rope_theta`), e.g.
-    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256}
-Keys a method does not use are ignored, as transformers dicts carry others (mscale, partial_rotary_factor).
-NTK-by-parts is YaRN without its temperature ("attention_factor": 1.0). One small function per method; the
-attention factor multiplies cos and sin, as in `transformers`, so logits get its square. p-RoPE: rotating_pairs.
-References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), Llama 3.1 (Meta 2024),
-p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024).
+Scaling is a Hugging Face style dict (`transformers`' `config.rope_scaling`, or its v5 `config.rope_parameters`),
+e.g. {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics.
+Every type takes COMMON_KEYS: "rope_type" (legacy "type"), "rope_theta" (v5: the base), the training length
+"original_max_position_embeddings" (a config fills in its block_size) and "partial_rotary_factor" p: only the rotary
+dim d' = int(p * d) rotates, at base^(-2i/d'); the other pairs get frequency 0 (`interleaved`: the first d' channels,
+as GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2), GPT-NeoX's first d' up to a fixed channel permutation). A type also
+takes the keys transformers' rope utilities read for it (KEYS); any other key is an error (transformers only warns).
+The attention factor multiplies cos and sin of the rotary dims, as in `transformers`, so their logits get its square;
+NTK-by-parts is YaRN without it ("attention_factor": 1.0). References: PI (Chen et al. 2023), NTK-aware (bloc97 2023),
+YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE (rotating_pairs: Barbero et al.,
+"Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024), proportional RoPE (Gemma 4).
 """
 import math
 import numbers
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
+COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
+KEYS = {"default": (), "linear": ("factor",), "ntk": ("factor",), "dynamic": ("factor",),  # and COMMON_KEYS
+        "yarn": ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+        "longrope": ("short_factor", "long_factor", "factor", "attention_factor"),
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "proportional": ("factor",)}
+ROPE_TYPES = tuple(KEYS)  # "ntk" is this repo's static NTK-aware, not a transformers type
 LAYOUTS = ("half", "interleaved")
 EXAMPLE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
 
@@ -63,8 +71,19 @@ def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0
     return extrapolated * (1 - ramp) + (extrapolated / factor) * ramp
 
 
-def yarn_attention_factor(factor):  # sqrt(1/t) = 0.1 ln(s) + 1, applied to q and k alike
-    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+def yarn_attention_factor(factor, mscale=None, mscale_all_dim=None):
+    # YaRN's sqrt(1/t) = 0.1 m ln(s) + 1 (m = 1 in the paper). As transformers: both m's given (DeepSeek-V2/V3), their
+    # ratio (1 when equal: DeepSeek's attention scales its softmax by the denominator^2 itself); one alone is ignored
+    def temperature(m):
+        return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return temperature(mscale) / temperature(mscale_all_dim) if mscale and mscale_all_dim else temperature(1.0)
+
+
+def longrope_inv_freq(dim, base, short_factor, long_factor, original_len, seq_len):
+    # LongRoPE (Phi-3): a searched interpolation factor per pair, the short set up to the original length and the
+    # long set past it (transformers switches on the length of the forward, as `dynamic` does)
+    factors = long_factor if seq_len and seq_len > original_len else short_factor
+    return default_inv_freq(dim, base) / torch.tensor(factors, dtype=torch.float64)
 
 
 def llama3_inv_freq(dim, base, factor, original_len, low_freq_factor=1.0, high_freq_factor=4.0):
@@ -89,9 +108,9 @@ def scaling_type(scaling):
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
 
 
-def check_scaling(scaling):
+def check_scaling(scaling, head_dim=None):
     """Validate a rope_scaling dict (at the boundary: a config, a command's options); returns (rope_type,
-    factor). Raises ValueError naming what is wrong."""
+    factor). With head_dim also the rotary dimension and longrope's lists. Raises ValueError naming what is wrong."""
     if scaling is None:
         return "default", 1.0
     if not isinstance(scaling, dict):
@@ -99,6 +118,12 @@ def check_scaling(scaling):
     rope_type = scaling_type(scaling)
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
+    unknown = [key for key in scaling if key not in COMMON_KEYS + KEYS[rope_type]]
+    if unknown:  # transformers warns and ignores it: a key ignored is a silent wrong number
+        raise ValueError(f"rope_scaling key {unknown[0]!r} is not one rope_type {rope_type!r} uses; "
+                         f"allowed: {', '.join(COMMON_KEYS + KEYS[rope_type])}")
+    if rope_type in ("linear", "ntk", "dynamic", "yarn", "llama3") and "factor" not in scaling:
+        raise ValueError(f"rope_type {rope_type!r} needs 'factor'")  # transformers: a missing required key
     factor = scaling.get("factor", 1.0)
     if not is_number(factor) or factor < 1:
         raise ValueError(f"rope_scaling factor must be a number >= 1, got {factor!r}")
@@ -108,12 +133,30 @@ def check_scaling(scaling):
     attention = scaling.get("attention_factor")
     if attention is not None and not (is_number(attention) and attention > 0):
         raise ValueError(f"attention_factor must be a number > 0, got {attention!r}")
-    if rope_type in ("dynamic", "yarn", "llama3") and not scaling.get("original_max_position_embeddings"):
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"):  # None: transformers' default
+        value, flag = scaling.get(key), key == "truncate"  # YaRN's ramp bounds: whole pairs (True) or exact
+        if value is not None and not (isinstance(value, bool) if flag else is_number(value)):
+            raise ValueError(f"{key} must be {'True or False' if flag else 'a number'}, got {value!r}")
+    if rope_type in ("dynamic", "yarn", "longrope", "llama3") and not scaling.get("original_max_position_embeddings"):
         raise ValueError(f"rope_type {rope_type!r} needs 'original_max_position_embeddings' (the training length)")
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high > low > 0):
-        raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, "
+    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: equal
+        raise ValueError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
                          f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
+    if rope_type == "longrope" and "factor" not in scaling and attention is None:
+        raise ValueError("longrope needs 'factor' (its attention factor's s: config.json's max_position_embeddings / "
+                         "original_max_position_embeddings) or 'attention_factor'")
+    partial = scaling.get("partial_rotary_factor", 1.0)
+    if not (is_number(partial) and 0 < partial <= 1):
+        raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
+    dim = int(head_dim * partial) if head_dim else None
+    if dim is not None and rope_type != "proportional" and (dim < 2 or dim % 2):
+        raise ValueError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, odd or 0")
+    for key in ("short_factor", "long_factor") if rope_type == "longrope" else ():
+        values, n = scaling.get(key), dim // 2 if dim else "rotary dim / 2"
+        if not (isinstance(values, (list, tuple)) and all(is_number(v) and v > 0 for v in values)
+                and len(values) == (n if dim else len(values))):
+            raise ValueError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got {str(values)[:50]}")
     return rope_type, float(factor)
 
 
@@ -133,40 +176,58 @@ def rotating_pairs(head_dim, fraction):
 
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict.
-    seq_len is the length of the sequence being processed; only `dynamic` uses it. A "rope_theta" in the dict
-    (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating pairs (None: all).
-    The dict is trusted: check_scaling validates it where it comes in."""
-    rope_type, factor = scaling_type(scaling), float((scaling or {}).get("factor", 1.0))
-    base = (scaling or {}).get("rope_theta") or base
+    seq_len is the length of the sequence being processed; `dynamic` and `longrope` use it. A "rope_theta" in the dict
+    (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating pairs (None: all); with a
+    partial_rotary_factor too, a pair rotates only if both let it. The dict is trusted: check_scaling validates it."""
+    scaling = scaling or {}
+    rope_type, factor = scaling_type(scaling), float(scaling.get("factor", 1.0))
+    base, partial = scaling.get("rope_theta") or base, scaling.get("partial_rotary_factor", 1.0)
+    # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it, not head_dim
+    dim, original_len = int(head_dim * partial), scaling.get("original_max_position_embeddings")
     attention_factor = 1.0
     if rope_type == "default":
-        inv_freq = default_inv_freq(head_dim, base)
+        inv_freq = default_inv_freq(dim, base)
     elif rope_type == "linear":
-        inv_freq = linear_inv_freq(head_dim, base, factor)
+        inv_freq = linear_inv_freq(dim, base, factor)
     elif rope_type == "ntk":
-        inv_freq = ntk_inv_freq(head_dim, base, factor)
+        inv_freq = ntk_inv_freq(dim, base, factor)
     elif rope_type == "dynamic":
-        inv_freq = dynamic_inv_freq(head_dim, base, factor, scaling["original_max_position_embeddings"], seq_len)
+        inv_freq = dynamic_inv_freq(dim, base, factor, original_len, seq_len)
     elif rope_type == "llama3":
-        inv_freq = llama3_inv_freq(head_dim, base, factor, scaling["original_max_position_embeddings"],
+        inv_freq = llama3_inv_freq(dim, base, factor, original_len,
                                    scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0))
+    elif rope_type == "longrope":  # temperature sqrt(1 + ln s / ln L), s: "factor" (transformers' else: max_pos / L)
+        inv_freq = longrope_inv_freq(dim, base, scaling["short_factor"], scaling["long_factor"], original_len, seq_len)
+        temperature = math.sqrt(1 + math.log(factor) / math.log(original_len)) if factor > 1 else 1.0
+        attention_factor = scaling.get("attention_factor") or temperature
+    elif rope_type == "proportional":  # Gemma 4: int(p * d // 2) pairs at the full head's frequencies, then PI
+        inv_freq = linear_inv_freq(head_dim, base, factor)
+        inv_freq[int(partial * head_dim // 2):] = 0
     else:  # yarn; "attention_factor": 1.0 makes it NTK-by-parts (no temperature)
-        inv_freq = yarn_inv_freq(head_dim, base, factor, scaling["original_max_position_embeddings"],
-                                 scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0,
-                                 scaling.get("truncate", True))
+        inv_freq = yarn_inv_freq(dim, base, factor, original_len, scaling.get("beta_fast") or 32.0,
+                                 scaling.get("beta_slow") or 1.0, scaling.get("truncate", True))
         # validated > 0 when given, so only a missing one falls back to YaRN's temperature
-        attention_factor = scaling.get("attention_factor") or yarn_attention_factor(factor)
-    # p-RoPE: scaled as full RoPE (every rotating pair gets what it gets there), then the lowest pairs set to 0:
-    # an unrotated pair carries no position to scale. YaRN's temperature is for the whole logit, so it stays.
+        attention_factor = scaling.get("attention_factor") or yarn_attention_factor(
+            factor, scaling.get("mscale"), scaling.get("mscale_all_dim"))
+    # pairs past the rotary dim pass through (frequency 0); p-RoPE: scaled as full RoPE, then the lowest pairs set to 0
+    # (no position to scale there), which keep YaRN's temperature (the whole logit's; see pair_attention)
+    inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - len(inv_freq))))
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
     return inv_freq.float(), float(attention_factor)
 
 
+def pair_attention(head_dim, scaling, attention_factor):
+    """The attention factor per pair [head_dim // 2] for rope_cos_sin: transformers scales only the rotary dims' cos
+    and sin, so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
+    rotary = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0)) // 2
+    return torch.tensor([attention_factor] * rotary + [1.0] * (head_dim // 2 - rotary))
+
+
 def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):
     """Per-channel tables [..., len(positions), head_dim] in float32 for apply_rope, scaled by the attention
-    factor: the cosine of each channel's pair angle, and the sine signed for the channel's place in its pair
-    (-sin on the pair's first channel, +sin on its second). inv_freq may carry leading dims (one frequency
-    set per query, for exact causal dynamic NTK). layout as in apply_rope."""
+    factor (a number, or one per pair: pair_attention): the cosine of each channel's pair angle, and the sine
+    signed for the channel's place in its pair (-sin on the pair's first channel, +sin on its second). inv_freq
+    may carry leading dims (one frequency set per query, for exact causal dynamic NTK). layout as in apply_rope."""
     angles = positions.float()[:, None] * inv_freq.unsqueeze(-2).float()
     cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
     if layout == "half":

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.methods import METHODS, forward_args, original_len, unavailable
+from eval.methods import FIXED, forward_args, original_len, unavailable
 from model import sample_next
 from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
 
@@ -17,7 +17,7 @@ def parse_args(argv):
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help=f"text to continue (default: {EOT}, a new document)")
     prompt.add_argument("--prompt_file", default=None, help="read the prompt from this file")
-    p.add_argument("--method", default="none", help=f"one of {', '.join(METHODS)} (default none)")
+    p.add_argument("--method", default="none", help=f"one of {', '.join(FIXED)} (default none)")
     p.add_argument("--factor", default="auto", help="auto ((prompt + new tokens) / training length) or >= 1; "
                    "dynamic-ntk: transformers' extra multiplier a (auto: 1, plain dynamic NTK)")
     for name, default, text in (("max_new_tokens", 500, "tokens to generate"), ("num_samples", 1, "samples"),
@@ -26,8 +26,8 @@ def parse_args(argv):
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; --top_k 1 samples greedily")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     a = p.parse_args(argv)
-    if a.method not in METHODS:
-        raise ValueError(f"unknown --method {a.method!r}; allowed: {', '.join(METHODS)}")
+    if a.method not in FIXED:
+        raise ValueError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("seed", 0)):
         number(getattr(a, name), name, int, low)
     if not a.temperature > 0:  # also catches nan
@@ -68,7 +68,8 @@ def sample(args):
         raise ValueError(f"--method {method}: {reason}")
     kwargs = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
-          f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: {kwargs or 'as trained'}",
+          f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: "
+          f"{'each token from its last L' if method == 'crop' else kwargs or 'as trained'}",
           file=sys.stderr)
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])

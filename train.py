@@ -56,7 +56,7 @@ def start_checkpoint(config, meta, device):
     if tune:  # the original training length stays the one the first run was trained at, through chains of fine-tunes
         origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
                       train_len=(origin or {}).get("train_len") or args["block_size"])
-    if origin and scaling_type(scaling) in ("dynamic", "yarn", "llama3") and "original_max_position_embeddings" not in scaling:
+    if origin and scaling_type(scaling) in ("dynamic", "yarn", "llama3", "longrope") and "original_max_position_embeddings" not in scaling:
         config["rope_scaling"] = {**scaling, "original_max_position_embeddings": origin["train_len"]}
         print(f"rope_scaling: original_max_position_embeddings={origin['train_len']}, the original training length")
     differ = [f"{k}={args.get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from data.dataset import doc_windows, load_split
 from eval import methods
 from eval.extrapolate import mean_stderr
-from eval.methods import METHODS, forward_args, original_len
+from eval.methods import FIXED, forward_args, original_len
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from runtime import arg_parser, number, parse_list, pick_device, run_cli
@@ -39,7 +39,7 @@ def parse_args(argv):
     if not all(0 < x < math.inf for x in contexts):  # also nan
         raise ValueError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
     return dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device), contexts=contexts,
-                options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, METHODS),
+                options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, FIXED),
                 units=number(a.units, "units", int, 1), seed=number(a.seed, "seed", int, 0),
                 targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1))
 

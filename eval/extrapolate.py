@@ -12,7 +12,7 @@ from tqdm import tqdm
 from data.dataset import doc_windows, load_split
 from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
 from eval import methods
-from eval.methods import METHODS, forward_args, method_factor, original_len
+from eval.methods import FIXED, METHODS, forward_args, method_factor, original_len
 from eval.score import load_run, score_sliding, score_windows, sliding_windows
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
@@ -30,7 +30,7 @@ def parse_args(argv):
     p = arg_parser(__doc__)
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
     for name, default, text in (
-            ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(METHODS), "eval/methods.py's"),
+            ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(FIXED), "eval/methods.py's"),
             ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
             ("stride", "half", "the sliding protocol's stride: half of each length, or tokens"),
             ("tokens", "16384", "scored tokens per length and protocol"),
@@ -38,6 +38,7 @@ def parse_args(argv):
             ("bins", "linear", "position bins: linear or log"),
             ("factor", "auto", "auto (eval length / training length) or one number >= 1 for every length"),
             ("dynamic_factor", "1", "dynamic-ntk's extra NTK multiplier a (1: plain dynamic NTK)"),
+            ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first"),
             ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
@@ -67,6 +68,7 @@ def parse_args(argv):
                 dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1), seed=number(a.seed, "seed", int, 0),
                 helped_threshold=number(a.helped_threshold, "helped_threshold", float, 0),
                 crop_stride=None if a.crop_stride == "auto" else number(a.crop_stride, "crop_stride", int, 1),
+                pair_factors=methods.parse_pairs(a.pair_factors),
                 wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
 
 
@@ -160,15 +162,19 @@ def run_grid(model, tokens, docs, args, train_len):
                          f"use a stride <= {min(eval_lens)}")
     units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"]) for p in args["protocols"] for T in eval_lens}
     crop_stride = min(args["crop_stride"] or max(1, model.config.block_size // 8), model.config.block_size)
-    scored, results = {}, []
+    scored, results, done = {}, [], {}
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
-        factor = method_factor(method, T, train_len, args["dynamic_factor"] if method == "dynamic-ntk" else args["factor"])
+        given = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}.get(method, args["factor"])
+        factor = method_factor(method, T, train_len, given)
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         kwargs = dict(forward_args(method, T, train_len, model.config.block_size, factor), causal_dynamic=mode == "causal")
         t0 = time.time()
-        scored[protocol, T, method, mode] = None if reason else score_units(model, tokens, starts, n, protocol, T, stride,
-                                                                            method, kwargs, crop_stride)
+        # crop depends on the units alone: the sliding protocol's lengths share their stretches, and so crop's scores
+        key = ("crop", n, tuple(starts)) if method == "crop" else (protocol, T, method, mode)
+        if not reason and key not in done:
+            done[key] = score_units(model, tokens, starts, n, protocol, T, stride, method, kwargs, crop_stride)
+        scored[protocol, T, method, mode] = None if reason else done[key]
         results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
                             positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts),
                             available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
@@ -264,6 +270,8 @@ def extrapolate(args):
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
               f"{model.config.block_size}, crop's window")
     args = dict(args, methods=methods.usable(args["methods"], pos_emb))
+    if "pairs" in args["methods"]:
+        methods.check_pairs(args["pair_factors"], model.config)
     if model.config.rope_scaling:
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
               f"the other methods replace it")

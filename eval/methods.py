@@ -1,8 +1,11 @@
 """The position methods every command shares: for each name its GPT.forward arguments and the encodings it
 applies to (docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for
 every encoding: the caller cuts the input to the last L tokens, so its forward gets no arguments."""
+from runtime import number
+
 METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
-           "ntk+logn")
+           "ntk+logn", "pairs")
+FIXED = METHODS[:-1]  # the methods that need no argument: pairs takes a factor per pair (--pair_factors)
 ANY_ENCODING = ("none", "crop", "logn")  # act on the input or on attention; the others need relative positions
 MASKS = ("window", "sinks")  # masks over positions past L: for RoPE, ALiBi and NoPE, whose positions are relative
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
@@ -41,6 +44,8 @@ def method_factor(method, length, train_len, factor=None):
         return None
     if method == "dynamic-ntk":
         return factor or 1.0
+    if method == "pairs":  # a list, checked by check_pairs
+        return factor
     return factor or max(1.0, length / train_len)
 
 
@@ -65,7 +70,25 @@ def forward_args(method, length, train_len, run_len, factor=None):
                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
         "logn": {"logn_len": L},
         "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
+        # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
+        "pairs": {"rope_scaling": {"rope_type": "longrope", "short_factor": s, "long_factor": s, "attention_factor": 1.0,
+                                   "original_max_position_embeddings": L}},
     }[method]
+
+
+def parse_pairs(text):
+    """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept, unlike other lists."""
+    return None if text is None else [number(t, "pair_factors", float, 1) for t in text.split(",")]
+
+
+def check_pairs(factors, config):
+    """--pair_factors for the method pairs: one factor >= 1 per frequency pair of the model, the fastest pair first."""
+    n = config.n_embd // config.n_head // 2
+    if factors is None:
+        raise ValueError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, fastest first")
+    if len(factors) != n or min(factors) < 1:
+        raise ValueError(f"--pair_factors has {len(factors)} factors, smallest {min(factors):g}; this model has {n} "
+                         f"frequency pairs: give {n} factors >= 1, fastest pair first")
 
 
 def unavailable(config, method, length):

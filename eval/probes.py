@@ -15,7 +15,8 @@ from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval.extrapolate import bin_edges, mean_stderr
-from eval.methods import ANY_ENCODING, MASKS, METHODS, forward_args, original_len, unavailable, usable
+from eval.methods import (ANY_ENCODING, MASKS, METHODS, check_pairs, forward_args, original_len, parse_pairs,
+                          unavailable, usable)
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from model import visible
@@ -37,6 +38,7 @@ def parse_args(argv):
             ("lengths", "1,2,4,8", "passkey, rotation and entropy lengths, multiples of the training length"),
             ("depths", "0,0.25,0.5,0.75,1", "passkey depths: the fraction of the filler before the key"),
             ("trials", "20", "trials per copy distance and passkey cell"), ("segment", "32", "tokens in the copied segment"),
+            ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first"),
             ("seed", "0", "seed of the trials"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -47,7 +49,8 @@ def parse_args(argv):
                 probes=parse_list(a.probes, "probes", str, PROBES), methods=parse_list(a.methods, "methods", str, METHODS),
                 distances=parse_list(a.distances, "distances", float), lengths=parse_list(a.lengths, "lengths", float),
                 depths=parse_list(a.depths, "depths", float), trials=number(a.trials, "trials", int, 2),
-                segment=number(a.segment, "segment", int, 2), seed=number(a.seed, "seed", int, 0))
+                segment=number(a.segment, "segment", int, 2), seed=number(a.seed, "seed", int, 0),
+                pair_factors=parse_pairs(a.pair_factors))
     if min(args["distances"]) <= 0 or min(args["lengths"]) <= 0:
         raise ValueError(f"--distances and --lengths are positive multiples of the training length, got "
                          f"{a.distances} and {a.lengths}")
@@ -56,14 +59,19 @@ def parse_args(argv):
     return args
 
 
-def score_method(model, rows, method, train_len, tokens_per_batch=16384):
+def positions(method, n, args, run_len):
+    """The method's forward arguments over n tokens (pairs: with the --pair_factors)."""
+    return forward_args(method, n, args["train_len"], run_len, args["pair_factors"] if method == "pairs" else None)
+
+
+def score_method(model, rows, method, args, tokens_per_batch=16384):
     """(NLL, top-1 hit) of rows [N, n+1] under a method, or (None, reason); crop: the last L, from position 0."""
     cfg, n = model.config, rows.shape[1] - 1
     if reason := unavailable(cfg, method, n):
         return None, reason
     if method == "crop" and n > cfg.block_size:
         return score_rows(model, rows[:, -(cfg.block_size + 1):], tokens_per_batch), None
-    return score_rows(model, rows, tokens_per_batch, **forward_args(method, n, train_len, cfg.block_size)), None
+    return score_rows(model, rows, tokens_per_batch, **positions(method, n, args, cfg.block_size)), None
 
 
 def entry(probe, method, eval_len, reason=None, **fields):
@@ -73,7 +81,7 @@ def entry(probe, method, eval_len, reason=None, **fields):
 def per_method(probe, model, rows, args, methods, measure, **fields):
     """One entry per method: fields and measure(NLL, hit)'s, or the reason the method cannot score the rows."""
     for method in methods:
-        scored, reason = score_method(model, rows, method, args["train_len"])
+        scored, reason = score_method(model, rows, method, args)
         yield entry(probe, method, rows.shape[1] - 1, reason, **fields, **({} if reason else measure(*scored)))
 
 
@@ -130,7 +138,7 @@ def rotation_probe(model, args):
     for mult in args["lengths"]:
         T = round(mult * L)
         for method in args["methods"]:
-            freq, attention = model.frequencies(T, forward_args(method, T, L, L).get("rope_scaling"))
+            freq, attention = model.frequencies(T, positions(method, T, args, L).get("rope_scaling"))
             ratio = [f / b if b else None for f, b in zip(freq.double().tolist(), base.tolist())]
             yield entry("rotation", method, T, attention_factor=attention, turns_train=(L * base / (2 * math.pi)).tolist(),
                         turns_eval=(T * freq.double() / (2 * math.pi)).tolist(), ratio=ratio,
@@ -175,7 +183,7 @@ def entropy_probe(model, tokens, docs, args):
             with recording_entropy(model) as records:  # one window per forward: the attention is [heads, n, n]
                 reason = ("crop is truncation: no attention over the window"
                           if method == "crop" and n > L
-                          else score_method(model, rows, method, args["train_len"], n)[1])
+                          else score_method(model, rows, method, args, n)[1])
             if reason:
                 yield entry("entropy", method, n, reason)
                 continue
@@ -268,7 +276,9 @@ def probes(args):
     L, vocab, pos_emb = model.config.block_size, model.config.vocab_size, model.config.pos_emb
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")
-    args = dict(args, methods=usable(args["methods"], pos_emb), train_len=original_len(ckpt))  # methods scale from it, as in extrapolate.py
+    args = dict(args, methods=usable(args["methods"], pos_emb), train_len=original_len(ckpt))
+    if "pairs" in args["methods"]:
+        check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
                  passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
                  rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))

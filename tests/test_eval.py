@@ -115,6 +115,17 @@ def test_scaling_changes_the_loss_past_the_training_length(report):
         assert abs(by(report, method, mode)[4 * L]["loss"] - by(report, "none")[4 * L]["loss"]) > 1e-4, method
 
 
+def test_pairs_with_one_factor_everywhere_is_pi_and_needs_a_factor_per_pair(rope_run, tmp_path):
+    # 8 frequency pairs (head dim 16): the factor 2 on every pair is PI at 2x, no temperature
+    rep = run(rope_run, tmp_path, "--lengths", "2", "--protocols", "windows", "--methods", "none,pi,pairs",
+              "--pair_factors", ",".join(["2"] * 8))
+    pairs, pi = by(rep, "pairs")[2 * L], by(rep, "pi")[2 * L]
+    assert pairs["loss_by_position"] == pytest.approx(pi["loss_by_position"], abs=1e-6)
+    assert pairs["loss"] != pytest.approx(by(rep, "none")[2 * L]["loss"], abs=1e-4)
+    assert "--methods pairs needs --pair_factors: 8 factors" in error_of([str(rope_run), "--methods", "pairs"])
+    assert "this model has 8 frequency pairs" in error_of([str(rope_run), "--methods", "pairs", "--pair_factors", "2,2"])
+
+
 def test_plain_dynamic_ntk_over_a_whole_window_is_ntk_at_the_length_ratio(report):
     # a = 1: base * (T/L)^(d/(d-2)) for a window of length T, which is NTK-aware with the auto factor T/L
     for T, r in by(report, "dynamic-ntk", "sequence").items():

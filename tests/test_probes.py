@@ -138,6 +138,16 @@ def test_p_rope_pairs_that_do_not_rotate_do_not_turn_in_the_rotation_probe():
         assert np.allclose(r["turns_train"][:8], 256 * theta[:8] / (2 * math.pi), rtol=1e-6)
 
 
+def test_pairs_scale_only_the_pairs_given_a_factor():
+    # the method pairs (LongRoPE's per-pair factors): the 8 fastest pairs kept, the 8 slowest divided by 4
+    model = GPT(GPTConfig(block_size=256, vocab_size=16, n_layer=1, n_head=2, n_embd=64))
+    factors = [1.0] * 8 + [4.0] * 8
+    (r,) = rotation_probe(model, dict(lengths=[4], methods=["pairs"], train_len=256, pair_factors=factors))
+    theta = 10000.0 ** (-np.arange(0, 32, 2) / 32)
+    assert np.allclose(r["turns_eval"], 1024 * theta / np.array(factors) / (2 * math.pi), rtol=1e-6)
+    assert r["kind"] == ["extrapolated"] * 8 + ["interpolated"] * 8 and r["attention_factor"] == 1.0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--depths", "0,1.5"], "outside [0, 1]"),
     (["--distances", "0,2"], "positive multiples"),

@@ -10,7 +10,7 @@ import torch
 
 import sample
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.methods import METHODS, forward_args
+from eval.methods import FIXED, forward_args
 from model import GPT, GPTConfig, KVCache, sample_next
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def method_kwargs(method):
     return forward_args(method, 4 * L, L, L)
 
 
-CACHED = [m for m in METHODS if m != "crop"]  # crop is no forward argument: sampling truncates (generate_truncated)
+CACHED = [m for m in FIXED if m != "crop"]  # crop is no forward argument: sampling truncates (generate_truncated)
 
 
 def exact(method):
@@ -201,7 +201,7 @@ def cli(*argv, cwd):
 
 @pytest.mark.parametrize("argv, message", [
     (["nope"], "sample.py: error: no checkpoint at nope; train one first: python train.py configs/rope_small.py"),
-    (["nope", "--method", "rope2"], "sample.py: error: unknown --method 'rope2'; allowed: " + ", ".join(METHODS)),
+    (["nope", "--method", "rope2"], "sample.py: error: unknown --method 'rope2'; allowed: " + ", ".join(FIXED)),
     (["nope", "--factor", "0.5"], "sample.py: error: --factor must be auto or a number >= 1, got 0.5"),
 ])
 def test_cli_errors_exit_1_with_one_line(tmp_path, argv, message):
