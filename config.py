@@ -24,6 +24,7 @@ DEFAULTS = dict(
     seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
 )
 FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
+DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from pos_emb rope to none (DroPE): the rotation's
 CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"))
 POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
 

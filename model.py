@@ -1,7 +1,8 @@
 """
 A small GPT (decoder-only transformer) with a choice of position encoding:
 learned (GPT-2), sinusoidal (Vaswani et al.), rope (Su et al.; p-RoPE with rope_fraction < 1,
-Barbero et al. 2024), alibi (Press et al. 2022) or none (NoPE).
+Barbero et al. 2024; NoPE layers interleaved and local RoPE layers, iRoPE / RNoPE-SWA), alibi (Press et al.
+2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025).
 nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
 import math
@@ -31,6 +32,9 @@ class GPTConfig:
     rope_layout: str = "half"
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
     rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None, not 1.0: older checkpoints)
+    nope_every: int | None = None  # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
+    rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
+    ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
 
     def __post_init__(self):
         small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
@@ -49,6 +53,12 @@ class GPTConfig:
             raise ValueError(f"rope_scaling={self.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to scale")
         if self.rope_fraction is not None and self.pos_emb != "rope":
             raise ValueError(f"rope_fraction={self.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {self.pos_emb!r}")
+        for key in ("nope_every", "rope_window"):
+            if (value := getattr(self, key)) is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{key} must be an integer >= 1 (or None), got {value!r}")
+            if value is not None and self.pos_emb != "rope":
+                raise ValueError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
+                                 f"pos_emb='rope', not {self.pos_emb!r}")
         if self.pos_emb == "rope":
             rotating_pairs(self.n_embd // self.n_head, self.rope_fraction)  # raises for a bad fraction
         check_scaling(self.full_rope_scaling(), self.n_embd // self.n_head)
@@ -65,13 +75,14 @@ class GPTConfig:
 
 
 class Positions(NamedTuple):
-    """What every layer of one forward shares, built once by GPT.forward."""
+    """What the layers of one kind (RoPE, NoPE) share in one forward, built once by GPT.forward."""
     cos: torch.Tensor | None  # [Tk, head_dim] rotation tables (rope.rope_cos_sin); None without RoPE
     sin: torch.Tensor | None
     mask: torch.Tensor | None  # None: plain causal; bool [T, Tk] keys each query sees; float [H, T, Tk] ALiBi bias
     q_scale: torch.Tensor | None  # [T, 1] log-n scaling of each query
     per_query: tuple | None  # (inv_freq [T, head_dim/2], attention [head_dim/2]): exact causal dynamic scaling
     sinks: tuple | None  # StreamingLLM with RoPE: (n sinks, cos, sin [T, head_dim] of each query at its cache position)
+    log_n: torch.Tensor | None = None  # [T, 1] log of how many keys each query sees: SSMax's
 
 
 class KVCache:
@@ -130,11 +141,10 @@ def alibi_bias(slopes, T, Tk, window, device, sinks=0):
     return bias.masked_fill(~visible(T, Tk, window, device, sinks), float("-inf"))
 
 
-def logn_scale(positions, train_len):
+def logn_scale(n, train_len):
     # log-n scaling (Su 2023): a query that sees n > L tokens gets its logits scaled by log(n) / log(L),
     # exactly 1 up to L, so attention entropy stays near what training saw
-    n = (positions + 1).double()
-    return (n.log() / math.log(train_len)).clamp(min=1).float()
+    return (n.double().log() / math.log(train_len)).clamp(min=1).float()
 
 
 def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
@@ -171,6 +181,10 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
         self.layer, self.n_head, self.dropout, self.layout = layer, config.n_head, config.dropout, config.rope_layout
+        self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0  # a NoPE layer of a RoPE model
+        # SSMax's s_h starts at 1 / log L: s_h * log n is then 1 at the training length, plain softmax there
+        s = torch.full((config.n_head,), 1 / math.log(max(2, config.block_size)))
+        self.ssmax = nn.Parameter(s) if config.ssmax else None
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.attend = Attend()
@@ -195,6 +209,8 @@ class CausalSelfAttention(nn.Module):
             k = apply_rope(k, pos.cos, pos.sin, self.layout)
         if pos.q_scale is not None:  # one scale per query: before or after the rotation alike
             q = q * pos.q_scale.to(q.dtype)
+        if self.ssmax is not None:  # one per query and head: a scale of q keeps SDPA fused
+            q = q * (self.ssmax[:, None, None] * pos.log_n).to(q.dtype)
         if pos.per_query is not None:  # exact causal dynamic: rotates q and k itself
             y = causal_dynamic_attention(q, k, v, *pos.per_query, pos.mask, self.layout)
         else:
@@ -276,13 +292,31 @@ class GPT(nn.Module):
         return cos, sin, None
 
     def attention_mask(self, T, Tk, window, sinks, exact, device):
-        """The one mask of a forward (T queries, the last of Tk positions): None where SDPA's causal flag does
+        """The mask of one kind of layer (T queries, the last of Tk positions): None where SDPA's causal flag does
         it, else bool [T, Tk] (causal, within `window` with its `sinks`), or ALiBi's float bias [H, T, Tk]."""
         if self.config.pos_emb == "alibi":
             return alibi_bias(alibi_slopes(self.config.n_head), T, Tk, window, device, sinks)
         if not exact and (not window or window >= Tk) and T in (1, Tk):
             return None
         return visible(T, Tk, window, device, sinks)
+
+    def layer_positions(self, rope, start, T, window, sinks, logn_len, device):
+        """The Positions of one kind of layer over T queries after `start` cached ones. rope: (cos, sin, per_query) of
+        GPT.rotary, None for a layer without rotation. A RoPE layer with a rope_window attends within the smaller of
+        it and the method's window, keeping the method's sinks only where that is the method's (a layer trained
+        local never saw far-off sinks)."""
+        if rope is not None and self.config.rope_window and not (window and window < self.config.rope_window):
+            window, sinks = self.config.rope_window, 0
+        cos, sin, per_query = rope or (None, None, None)
+        rotated_sinks = None
+        if sinks and cos is not None:
+            at = cache_positions(T, start + T, window, device)
+            rotated_sinks = (sinks, cos[at], sin[at])
+        seen = torch.arange(start + 1, start + T + 1, device=device)  # keys each query sees: causal, within the window
+        seen = seen.clamp(max=window) if window else seen
+        return Positions(cos, sin, self.attention_mask(T, start + T, window, sinks, per_query is not None, device),
+                         logn_scale(seen, logn_len)[:, None] if logn_len else None, per_query, rotated_sinks,
+                         seen.float().log()[:, None] if self.config.ssmax else None)
 
     def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, sinks=0,
                 logn_len=None):
@@ -291,7 +325,8 @@ class GPT(nn.Module):
         builds them): rope_scaling: a rope_scaling dict replacing the trained one (None: as trained);
         causal_dynamic: exact per-position dynamic scaling (a full forward, no cache); window: attend to at most
         the last `window` positions; sinks: of those, keep the first `sinks` positions of the sequence instead,
-        at StreamingLLM's cache positions (Xiao et al. 2023); logn_len: log-n attention scaling past this length."""
+        at StreamingLLM's cache positions (Xiao et al. 2023); logn_len: log-n attention scaling past this length.
+        rope_scaling and causal_dynamic act on the RoPE layers only; window on every layer (layer_positions)."""
         if sinks and (not window or causal_dynamic or not 0 < sinks < window):
             raise ValueError(f"sinks={sinks} needs a window longer than it, without causal_dynamic (window={window})")
         B, T = idx.size()
@@ -307,17 +342,13 @@ class GPT(nn.Module):
                 raise ValueError(f"learned position table has {self.config.block_size} entries; "
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
-        rope = (self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope"
-                else (None, None, None))
-        rotated_sinks = None
-        if sinks and rope[0] is not None:
-            at = cache_positions(T, start + T, window, idx.device)
-            rotated_sinks = (sinks, rope[0][at], rope[1][at])
-        pos = Positions(*rope[:2], self.attention_mask(T, start + T, window, sinks, causal_dynamic, idx.device),
-                        logn_scale(positions, logn_len)[:, None] if logn_len else None, rope[2], rotated_sinks)
+        rope = self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope" else None
+        # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
+        pos = {nope: self.layer_positions(None if nope else rope, start, T, window, sinks, logn_len, idx.device)
+               for nope in {block.attn.nope for block in self.transformer.h}}
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, pos, cache)
+            x = block(x, pos[block.attn.nope], cache)
         if cache is not None:
             cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.dataset import get_rows, load_meta, load_split, shakespeare_vocab
 from data.synthetic import copy_rows, mix_copies, random_vocab
 from model import GPT
-from config import FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
+from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from eval.base_bound import first_negative
 from rope import scaling_type
 from runtime import autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device, run_cli, write_atomic
@@ -48,26 +48,31 @@ def base_bound_note(cfg, eval_multiple=16):
 
 def start_checkpoint(config, meta, device):
     """(init_from's checkpoint, origin): out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS
-    may differ). A scaling that needs the original length and lacks it takes origin's (model.py would take block_size)."""
+    may differ, and pos_emb from rope to none: DroPE). A scaling that needs the original length and lacks it takes
+    origin's (model.py would take block_size)."""
     tune = config["init_from"] != "resume"
     path = config["init_from"] if tune else Path(config["out_dir"])
     ckpt = load_checkpoint(path, device)
     args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
-    if tune:  # the original training length stays the one the first run was trained at, through chains of fine-tunes
+    if tune:  # the original training length (and encoding) stay the first run's, through chains of fine-tunes
         origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
-                      train_len=(origin or {}).get("train_len") or args["block_size"])
+                      train_len=(origin or {}).get("train_len") or args["block_size"],
+                      pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"])
+    # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load as they are
+    drope = tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
     if origin and scaling_type(scaling) in ("dynamic", "yarn", "llama3", "longrope") and "original_max_position_embeddings" not in scaling:
         config["rope_scaling"] = {**scaling, "original_max_position_embeddings": origin["train_len"]}
         print(f"rope_scaling: original_max_position_embeddings={origin['train_len']}, the original training length")
-    differ = [f"{k}={args.get(k)!r} (config: {config[k]!r})" for k in MODEL_KEYS
-              if not (tune and k in FINETUNE_KEYS) and args.get(k) != config[k]]
+    # a key newer than the checkpoint: it was trained as its default (a new key's default is the old behaviour)
+    differ = [f"{k}={args.get(k, DEFAULTS[k])!r} (config: {config[k]!r})" for k in MODEL_KEYS
+              if not (tune and k in FINETUNE_KEYS) and not (drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
     if args["vocab_size"] != meta["vocab_size"]:
         differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
     if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
         differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
     if differ:
         raise ValueError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
-                         f"may change only {', '.join(FINETUNE_KEYS)}" if tune else
+                         f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
                          f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
     return ckpt, origin
 
@@ -186,7 +191,8 @@ def train(config):
             print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
         elif ckpt is not None:
             print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
-                  f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}")
+                  f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}"
+                  + (", pos_emb rope -> none (DroPE: the rotation dropped)" if ckpt["model_args"]["pos_emb"] != config["pos_emb"] else ""))
 
         gptconf = model_config(config, meta["vocab_size"])
         model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)

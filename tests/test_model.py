@@ -36,6 +36,9 @@ def token_by_token(model, idx):
     dict(pos_emb="rope", rope_scaling={"rope_type": "yarn", "factor": 4.0}),
     dict(pos_emb="rope", rope_scaling={"rope_type": "linear", "factor": 2.0}),
     dict(pos_emb="alibi"), dict(pos_emb="rope", rope_fraction=0.5),
+    dict(pos_emb="rope", nope_every=2), dict(pos_emb="rope", nope_every=2, rope_window=5),  # iRoPE, RNoPE-SWA
+    dict(pos_emb="rope", rope_window=5), dict(pos_emb="rope", ssmax=True), dict(pos_emb="alibi", ssmax=True),
+    dict(pos_emb="learned", ssmax=True), dict(pos_emb="sinusoidal", ssmax=True), dict(pos_emb="none", ssmax=True),
 ])
 def test_kv_cache_logits_equal_full_forward(kw, one_thread):
     model = tiny(**kw)

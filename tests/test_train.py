@@ -1,4 +1,5 @@
 """train.py: configs, a real (tiny) run, exact resume, DDP, and every bad input as a one-line error."""
+import copy
 import os
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import pytest
 import torch
 
 import train
+from model import GPT, GPTConfig
+from runtime import model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +56,8 @@ def test_config_file_and_overrides(tmp_path):
     ("", ["--n_layer=0"], "n_layer=0: model sizes must be >= 1"),
     ("", ["--device=tpu"], "device='tpu' is not one of: auto, cpu, cuda, cuda:N, mps"),
     ("", ["--n_layer"], "expected --key=value, got '--n_layer'"),
+    ("", ["--pos_emb=alibi", "--nope_every=2"], "nope_every=2 sets the layers of a RoPE model"),
+    ("", ["--rope_window=0"], "rope_window must be an integer >= 1 (or None), got 0"),
 ])
 def test_bad_config_is_a_one_line_error(tmp_path, content, argv, message):
     cfg = tmp_path / "c.py"
@@ -108,7 +113,7 @@ def test_fine_tune_starts_from_a_run_at_a_longer_length(dataset, tmp_path, capsy
     a, b = weights(base), weights(tuned)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert b["iter_num"] == 2 and b["model_args"]["block_size"] == 64 and b["model_args"]["rope_scaling"] == pi
-    assert b["origin"] == dict(init_from=str(base), iter_num=10, train_len=32)
+    assert b["origin"] == dict(init_from=str(base), iter_num=10, train_len=32, pos_emb="rope")
     assert b["optimizer"]["state"][0]["step"] == 2  # a fresh optimizer: only the fine-tune's own steps
     # a fine-tune of a fine-tune keeps the first run's length
     train.main(args(dataset, again, init_from=str(tuned / "ckpt.pt"), block_size=128, max_iters=1, eval_interval=1))
@@ -130,6 +135,58 @@ def test_fine_tune_bad_input_is_one_line(dataset, tmp_path):
     error = run_main(args(dataset, tmp_path / "t", init_from=str(learned), pos_emb="learned", block_size=64))
     assert "a learned table cannot change size" in error
     assert not (tmp_path / "t" / "ckpt.pt").exists()
+
+
+def test_drope_fine_tunes_a_rope_run_with_its_rotation_dropped(dataset, tmp_path, capsys, monkeypatch):
+    base, tuned = tmp_path / "base", tmp_path / "drope"
+    train.main(args(dataset, base, max_iters=10))
+    capsys.readouterr()
+    loaded = []  # the fine-tune's model as train.py loads it, before any step
+
+    def load(ckpt, config):
+        model = model_from_checkpoint(ckpt, config)
+        loaded.append(copy.deepcopy(model))
+        return model
+    monkeypatch.setattr(train, "model_from_checkpoint", load)
+    train.main(args(dataset, tuned, init_from=str(base), pos_emb="none", max_iters=30, eval_interval=30,
+                    learning_rate=3e-3, lr_decay_iters=30))
+    out = capsys.readouterr().out
+    assert "pos_emb rope -> none (DroPE: the rotation dropped)" in out
+    first, last = (float(line.split("val loss ")[1]) for line in out.splitlines() if "val loss" in line)
+    assert last < first  # it trains
+    # as loaded it is a NoPE GPT with the RoPE run's weights, built here on its own
+    ckpt = weights(base)
+    nope = GPT(GPTConfig(**{**ckpt["model_args"], "pos_emb": "none"})).eval()
+    nope.load_state_dict(ckpt["model"])
+    idx = torch.randint(0, 512, (2, 32))
+    with torch.no_grad():
+        logits = loaded[0].eval()(idx)[0]
+        assert torch.allclose(logits, nope(idx)[0], atol=1e-6)
+        assert not torch.allclose(logits, model_from_checkpoint(ckpt).eval()(idx)[0], atol=1e-6)  # the rotation is gone
+    tuned_ckpt = weights(tuned)
+    assert tuned_ckpt["model_args"]["pos_emb"] == "none" and tuned_ckpt["iter_num"] == 30
+    assert tuned_ckpt["origin"] == dict(init_from=str(base), iter_num=10, train_len=32, pos_emb="rope")
+
+
+def test_a_fine_tune_changes_pos_emb_only_from_rope_to_none(dataset, tmp_path):
+    rope, nope, prope = tmp_path / "rope", tmp_path / "nope", tmp_path / "prope"
+    train.main(args(dataset, rope, max_iters=1, eval_interval=1))
+    train.main(args(dataset, nope, max_iters=1, eval_interval=1, pos_emb="none"))
+    for base, pos_emb, was in ((rope, "alibi", "rope"), (rope, "learned", "rope"), (nope, "rope", "none")):
+        error = run_main(args(dataset, tmp_path / "t", init_from=str(base), pos_emb=pos_emb))
+        assert f"pos_emb='{was}' (config: '{pos_emb}')" in error and "pos_emb from 'rope' to 'none' (DroPE)" in error
+        assert "\n" not in error
+    assert not (tmp_path / "t" / "ckpt.pt").exists()
+    # a checkpoint from before ssmax, nope_every and rope_window existed was trained as their defaults
+    ckpt = weights(rope)
+    for key in ("ssmax", "nope_every", "rope_window"):
+        del ckpt["model_args"][key]
+    torch.save(ckpt, tmp_path / "older.pt")
+    train.main(args(dataset, tmp_path / "o", init_from=str(tmp_path / "older.pt"), pos_emb="none", max_iters=1, eval_interval=1))
+    # p-RoPE's fraction describes the rotation that is dropped
+    train.main(args(dataset, prope, max_iters=1, eval_interval=1, rope_fraction=0.5))
+    train.main(args(dataset, tmp_path / "t", init_from=str(prope), pos_emb="none", max_iters=1, eval_interval=1))
+    assert weights(tmp_path / "t")["model_args"]["rope_fraction"] is None
 
 
 def test_bad_model_option_is_a_one_line_error(dataset, tmp_path):
