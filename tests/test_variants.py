@@ -7,26 +7,12 @@ import pytest
 import torch
 
 from config import load_config, model_config
-from model import GPT, GPTConfig, KVCache
+from model import KVCache
+from test_model import L, sharpen, tiny  # pytest puts tests/ on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-L = 16
 PI = {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}
-
-
-def tiny(**kw):
-    torch.manual_seed(0)
-    cfg = dict(block_size=L, vocab_size=97, n_layer=2, n_head=2, n_embd=32)
-    return GPT(GPTConfig(**{**cfg, **kw})).eval()
-
-
-def sharpen(model):
-    # random init attends almost uniformly; scaled q/k make the position encoding matter
-    with torch.no_grad():
-        for block in model.transformer.h:
-            block.attn.c_attn.weight[:2 * model.config.n_embd] *= 20
-    return model
 
 
 def same_weights(model, **kw):
