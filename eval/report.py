@@ -61,4 +61,5 @@ def panels(plt, n, per_row, stacked, size, **subplots):
 
 
 def line_style(method, i):
-    return dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}")
+    """crop black dashed; the others matplotlib's 10 colours, dash-dotted from the 11th on so no two look alike."""
+    return dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}", ls="-" if i < 10 else "-.")
