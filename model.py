@@ -199,7 +199,8 @@ class CausalSelfAttention(nn.Module):
         if pos.sinks is not None:  # the sink keys see the query at its cache position: a second rotation of q
             n, cos, sin = pos.sinks
             sink = (torch.arange(Tk, device=k.device) < n)[:, None]
-            q0, k = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout), apply_rope(k, pos.cos, pos.sin, self.layout)
+            q0 = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
+            k = apply_rope(k, pos.cos, pos.sin, self.layout)
             # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
             q = torch.cat((q0, apply_rope(q, cos, sin, self.layout)), dim=-1) * math.sqrt(2)
             k = torch.cat((k * ~sink, k * sink), dim=-1)

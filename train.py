@@ -60,12 +60,13 @@ def start_checkpoint(config, meta, device):
                       pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"])
     # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load as they are
     drope = tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
-    if origin and scaling_type(scaling) in ("dynamic", "yarn", "llama3", "longrope") and "original_max_position_embeddings" not in scaling:
+    needs_original = scaling_type(scaling) in ("dynamic", "yarn", "llama3", "longrope")
+    if origin and needs_original and "original_max_position_embeddings" not in scaling:
         config["rope_scaling"] = {**scaling, "original_max_position_embeddings": origin["train_len"]}
         print(f"rope_scaling: original_max_position_embeddings={origin['train_len']}, the original training length")
     # a key newer than the checkpoint: it was trained as its default (a new key's default is the old behaviour)
     differ = [f"{k}={args.get(k, DEFAULTS[k])!r} (config: {config[k]!r})" for k in MODEL_KEYS
-              if not (tune and k in FINETUNE_KEYS) and not (drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
+              if not (tune and k in FINETUNE_KEYS or drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
     if args["vocab_size"] != meta["vocab_size"]:
         differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
     if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:

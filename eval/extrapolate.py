@@ -160,7 +160,8 @@ def run_grid(model, tokens, docs, args, train_len):
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
         raise ValueError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
                          f"use a stride <= {min(eval_lens)}")
-    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"]) for p in args["protocols"] for T in eval_lens}
+    units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"])
+             for p in args["protocols"] for T in eval_lens}
     crop_stride = min(args["crop_stride"] or max(1, model.config.block_size // 8), model.config.block_size)
     scored, results, done = {}, [], {}
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
