@@ -17,6 +17,7 @@ DEFAULTS = dict(
     dataset="shakespeare",  # data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder
     batch_size=16, gradient_accumulation_steps=1,  # both per process
     retrieval_mix=0.0, retrieval_segment=32, retrieval_vocab=0,  # copy rows in each batch: data/synthetic.py
+    retrieval_task="copy",  # what those rows are: 'copy', or 'mqar' (retrieval_segment // 2 key-value pairs recalled)
     **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},  # GPTConfig's; block_size: training length
     learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,  # AdamW
     warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,  # linear warmup then cosine decay to min_lr
@@ -25,7 +26,7 @@ DEFAULTS = dict(
 )
 FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
 DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from pos_emb rope to none (DroPE): the rotation's
-CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"))
+CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"), retrieval_task=("copy", "mqar"))
 POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
 
 

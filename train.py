@@ -18,7 +18,7 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.dataset import get_rows, load_meta, load_split, shakespeare_vocab
-from data.synthetic import copy_rows, mix_copies, random_vocab
+from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_vocab
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from eval.base_bound import first_negative
@@ -128,7 +128,8 @@ def inputs_targets(rows, device):
 
 @torch.no_grad()
 def estimate_loss(model, splits, config, ctx, device, copy_vocab):
-    """Mean loss on fixed batches of each split; with retrieval_mix, copy_top1: top-1 accuracy on repeated segments."""
+    """Mean loss on fixed batches of each split; with retrieval_mix, copy_top1: top-1 accuracy on repeated segments
+    (retrieval_task copy) or mqar_acc: top-1 on the values after MQAR queries (mqar, rows as trained on)."""
     model.eval()
     rng = np.random.default_rng(0)  # the same batches at every evaluation, so the curve is not noise
     B, T = config["batch_size"], config["block_size"]
@@ -137,7 +138,13 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
         batches = (inputs_targets(get_rows(tokens, B, T, rng), device) for _ in range(config["eval_iters"]))
         with ctx:
             losses[split] = sum(model(x, y)[1].item() for x, y in batches) / config["eval_iters"]
-    if config["retrieval_mix"]:
+    if config["retrieval_mix"] and config.get("retrieval_task", "copy") == "mqar":  # .get: older checkpoints' configs
+        rows, mask = mqar_batch(rng, 4 * B, T + 1, config["retrieval_segment"] // 2, copy_vocab)
+        (x, y), scored = inputs_targets(rows, device), torch.from_numpy(mask[:, 1:]).to(device)
+        with ctx:
+            logits, _ = model(x)
+        losses["mqar_acc"] = (logits.argmax(-1) == y)[scored].float().mean().item()
+    elif config["retrieval_mix"]:
         k = config["retrieval_segment"]
         distances = np.linspace(k, T + 1 - k, 4 * B).round()  # spread over every distance inside the window
         x, y = inputs_targets(copy_rows(get_rows(splits["val"], 4 * B, T, rng), rng, k, distances, copy_vocab), device)
@@ -146,6 +153,14 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
         losses["copy_top1"] = (logits[:, -(k - 1):].argmax(-1) == y[:, -(k - 1):]).float().mean().item()
     model.train()
     return losses
+
+
+def mix_synthetic(rows, rng, config, vocab):
+    """Replace retrieval_mix of a batch's rows by retrieval_task's synthetic rows (in place); their loss is the rows' own."""
+    if config["retrieval_mix"] and config.get("retrieval_task", "copy") == "mqar":
+        mix_mqar(rows, rng, config["retrieval_mix"], config["retrieval_segment"] // 2, vocab)
+    elif config["retrieval_mix"]:  # copy: the same calls, so the same batches, as before the key existed
+        mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], vocab)
 
 
 def train(config):
@@ -228,7 +243,8 @@ def train(config):
                 if master:
                     losses = estimate_loss(raw_model, splits, config, ctx, device, copy_vocab)
                     best_val_loss = min(best_val_loss, losses["val"])
-                    copy = f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else ""
+                    copy = (f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else
+                            f", mqar acc {losses['mqar_acc']:.3f}" if "mqar_acc" in losses else "")
                     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
                     if iter_num > logged:  # the eval curve, readable without wandb
                         with open(out_dir / "log.jsonl", "a") as f:
@@ -248,8 +264,7 @@ def train(config):
                 if ddp:  # all-reduce gradients on the last micro step only
                     model.require_backward_grad_sync = micro == gas - 1
                 rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
-                if config["retrieval_mix"]:
-                    mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], copy_vocab)
+                mix_synthetic(rows, rng, config, copy_vocab)
                 x, y = inputs_targets(rows, device)
                 with ctx:
                     _, loss = model(x, y)

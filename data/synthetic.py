@@ -1,5 +1,6 @@
-"""Synthetic retrieval sequences: random tokens repeated `distance` tokens later. Mixed into training batches (train.py's
-retrieval_mix) they teach a small model to copy (an induction head); eval/probes.py asks how far it still copies."""
+"""Synthetic retrieval sequences: random tokens repeated `distance` tokens later, or key-value pairs recalled (MQAR).
+Mixed into training batches (train.py's retrieval_mix, retrieval_task) they teach a small model to copy (an induction
+head); eval/probes.py asks how far it still copies."""
 import numpy as np
 
 
@@ -41,13 +42,54 @@ def mix_copies(rows, rng, fraction, longest, vocab):
         row[:] = copy_chunk_row(rng, len(row), vocab, longest)
 
 
-def copy_rows(filler, rng, segment, distances, vocab):
+def copy_rows(filler, rng, segment, distances, vocab, segments=None):
     """Copy probe rows: filler [N, n] (a row per distance) with a random segment whose second copy ends the row,
-    `distance` tokens after the first. Targets: its tokens 1..segment-1 (the first cannot be known), at n-segment .. n-2."""
+    `distance` tokens after the first. Targets: its tokens 1..segment-1 (the first cannot be known), at n-segment .. n-2.
+    segments [N, segment]: plant these (e.g. stretches of held-out text) instead of uniform ids < vocab."""
     rows = np.array(filler, dtype=np.int64)  # a copy: the filler may be a read-only memmap
-    for row, d in zip(rows, np.asarray(distances, dtype=np.int64).tolist()):
-        plant_repeat(row, rng.integers(0, vocab, size=segment), len(row) - segment - d, d)
+    for i, (row, d) in enumerate(zip(rows, np.asarray(distances, dtype=np.int64).tolist())):
+        seg = rng.integers(0, vocab, size=segment) if segments is None else segments[i]  # None: the rng draws as before
+        plant_repeat(row, seg, len(row) - segment - d, d)
     return rows
+
+
+def mqar_rows(filler, rng, pairs, vocab, at):
+    """Multi-query associative recall (Zoology, Arora et al. 2023) rows: filler [N, n] (copied) with `pairs` distinct keys
+    < vocab // 2 at 0, 2, 4, ..., each followed by its value (distinct, in vocab // 2 .. vocab - 1: a disjoint range, so
+    a value is never mistaken for a key), and the keys asked again in a random order (a block asked in order would be
+    a plain copy) at positions at [N, pairs], each followed by its value. Returns (rows, mask [N, n]): True exactly at
+    the values after the queries, the only tokens a model can know; what lies between is the filler, untouched."""
+    rows, at = np.array(filler, dtype=np.int64), np.asarray(at, dtype=np.int64).reshape(len(filler), pairs)
+    if not 1 <= pairs <= vocab // 2:
+        raise ValueError(f"{pairs} key-value pairs need 1 <= pairs <= vocab // 2 = {vocab // 2}")
+    if (at[:, 0] < 2 * pairs).any() or (at[:, -1] + 1 >= rows.shape[1]).any() or (np.diff(at) < 2).any():
+        raise ValueError(f"queries at {at.tolist()} must follow the {2 * pairs} tokens of pairs, increase by >= 2 "
+                         f"and leave room for their values in {rows.shape[1]} tokens")
+    mask = np.zeros(rows.shape, dtype=bool)
+    for row, where, m in zip(rows, at, mask):
+        keys = rng.choice(vocab // 2, pairs, replace=False)
+        values = vocab // 2 + rng.choice(vocab - vocab // 2, pairs, replace=False)
+        row[0:2 * pairs:2], row[1:2 * pairs:2] = keys, values
+        order = rng.permutation(pairs)
+        row[where], row[where + 1], m[where + 1] = keys[order], values[order], True
+    return rows, mask
+
+
+def mqar_batch(rng, count, n, pairs, vocab):
+    """`count` training MQAR rows of n tokens: distractors uniform ids < vocab (the keys' and values' own distribution,
+    as Zoology's), queries at two-token slots after the pairs drawn uniformly (Zoology: a power law favouring short
+    gaps) so that every distance up to n is practised. Returns mqar_rows' (rows, mask)."""
+    slots = (n - 2 * pairs) // 2  # the last slot's value is the row's last token at most
+    if slots < pairs:
+        raise ValueError(f"{pairs} key-value pairs and their queries need {4 * pairs} tokens, a row has {n}")
+    at = [2 * pairs + 2 * np.sort(rng.choice(slots, pairs, replace=False)) for _ in range(count)]
+    return mqar_rows(rng.integers(0, vocab, size=(count, n)), rng, pairs, vocab, at)
+
+
+def mix_mqar(rows, rng, fraction, pairs, vocab):
+    """Replace the first round(fraction * B) rows of a [B, T+1] batch of text by mqar_batch rows (in place)."""
+    m = round(fraction * len(rows))
+    rows[:m] = mqar_batch(rng, m, rows.shape[1], pairs, vocab)[0]
 
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."

@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from data.dataset import doc_windows, load_split
-from data.synthetic import KEY_DIGITS, copy_rows, passkey_row, random_vocab
+from data.synthetic import KEY_DIGITS, copy_rows, mqar_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval.extrapolate import bin_edges, mean_stderr
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, check_pairs, forward_args, original_len, parse_pairs,
@@ -22,7 +22,7 @@ from eval.score import load_run, score_rows
 from model import visible
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
-PROBES = ("copy", "passkey", "rotation", "entropy")
+PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
 RETRIEVES = 0.5  # top-1 on copies inside the training length above which a run counts as one that copies
 CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_stderr", "top1", "top1_stderr",
@@ -33,11 +33,13 @@ def parse_args(argv):
     p = arg_parser(__doc__)
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/retrieval_small)")
     for name, default, text in (
-            ("probes", ",".join(PROBES), "which probes"), ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"),
+            ("probes", "copy,passkey,rotation,entropy", f"which probes: {', '.join(PROBES)}"), ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"),
             ("distances", "0.25,0.5,0.875,2,4,8,16", "copy distances, multiples of the training length"),
             ("lengths", "1,2,4,8", "passkey, rotation and entropy lengths, multiples of the training length"),
             ("depths", "0,0.25,0.5,0.75,1", "passkey depths: the fraction of the filler before the key"),
-            ("trials", "20", "trials per copy distance and passkey cell"), ("segment", "32", "tokens in the copied segment"),
+            ("trials", "20", "trials per copy distance and passkey cell"),
+            ("segment", "32", "tokens in the copied segment (mqar: segment // 2 key-value pairs)"),
+            ("copy_source", "random", "the copied segment: random ids, or text (a stretch of held-out text)"),
             ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first"),
             ("seed", "0", "seed of the trials"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
@@ -50,7 +52,9 @@ def parse_args(argv):
                 distances=parse_list(a.distances, "distances", float), lengths=parse_list(a.lengths, "lengths", float),
                 depths=parse_list(a.depths, "depths", float), trials=number(a.trials, "trials", int, 2),
                 segment=number(a.segment, "segment", int, 2), seed=number(a.seed, "seed", int, 0),
-                pair_factors=parse_pairs(a.pair_factors))
+                pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
+    if a.copy_source not in ("random", "text"):
+        raise ValueError(f"--copy_source {a.copy_source!r} is not one of: random, text")
     if min(args["distances"]) <= 0 or min(args["lengths"]) <= 0:
         raise ValueError(f"--distances and --lengths are positive multiples of the training length, got "
                          f"{a.distances} and {a.lengths}")
@@ -92,7 +96,9 @@ def copy_probe(model, tokens, docs, args, vocab):
         d = max(k, round(mult * L))
         n = d + k  # the first copy starts one token in: position 1 .. k, the second ends the window
         filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
-        rows = copy_rows(filler, rng, k, [d] * len(filler), vocab)
+        segments = (None if args.get("copy_source", "random") == "random"  # text: the filler's own distribution
+                    else np.stack([tokens[s:s + k] for s in doc_windows(docs, k, len(filler), rng)]))
+        rows = copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)
 
         def measure(nll, hit):
             hits = hit[:, -(k - 1):].mean(axis=1)  # per trial: a study's bootstrap resamples them
@@ -100,6 +106,28 @@ def copy_probe(model, tokens, docs, args, vocab):
             return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(rows),
                         hits=hits.round(4).tolist())
         yield from per_method("copy", model, rows, args, tqdm(args["methods"], desc=f"copy d={d}", leave=False),
+                              measure, distance=d)
+
+
+def mqar_probe(model, tokens, docs, args, vocab):
+    """Per distance d and method: loss and top-1 on the values after the queries. segment // 2 pairs start the row and
+    are asked (shuffled) in its last segment tokens, held-out text between: each query d - 2(p-1) .. d + 2(p-1) tokens
+    after its key, d on average. crop sees the pairs only while d + segment - 1 <= L."""
+    L, p, rng = model.config.block_size, args["segment"] // 2, np.random.default_rng(args["seed"] + 3)
+    for mult in args["distances"]:
+        d = max(2 * p, round(mult * L))
+        n = d + 2 * p - 1  # targets: the row is d + 2p tokens, pairs at 0 .. 2p-1, queries at d .. d + 2p - 1
+        filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
+        rows, mask = mqar_rows(filler, rng, p, vocab, [d + 2 * np.arange(p)] * len(filler))
+
+        def measure(nll, hit):
+            values = mask[:, 1:][:, -nll.shape[1]:]  # the scored targets; crop scores only the last L
+            hits = hit[values].reshape(len(rows), p).mean(axis=1)  # per trial
+            loss, loss_err = mean_stderr(nll[values].reshape(len(rows), p).mean(axis=1))
+            top1, top1_err = mean_stderr(hits)
+            return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(rows),
+                        hits=hits.round(4).tolist())
+        yield from per_method("mqar", model, rows, args, tqdm(args["methods"], desc=f"mqar d={d}", leave=False),
                               measure, distance=d)
 
 
@@ -193,18 +221,25 @@ def entropy_probe(model, tokens, docs, args):
                         entropy_beyond_train=float(curve[L:].mean()) if n > L else None, trials=len(rows))
 
 
-def plot_copy(report):
+def plot_copy(report, probe="copy"):
     L, (fig, axes) = report["train_len"], pyplot().subplots(1, 2, figsize=(13, 4.5))
     for i, method in enumerate(report["methods"]):
-        if rs := [r for r in report["results"] if r["probe"] == "copy" and r["method"] == method and r["available"]]:
+        if rs := [r for r in report["results"] if r["probe"] == probe and r["method"] == method and r["available"]]:
             for ax, key in zip(axes, ("top1", "loss")):
                 ax.errorbar([r["distance"] / L for r in rs], [r[key] for r in rs], marker="o", ms=3, capsize=2,
                             yerr=[r[f"{key}_stderr"] or 0 for r in rs], label=method, **line_style(method, i))
-    for ax, what in zip(axes, ("top-1 accuracy on the repeat", "loss on the repeat (nats)")):
+    on, between = ("the values", "pairs and queries") if probe == "mqar" else ("the repeat", "the copies")
+    for ax, what in zip(axes, (f"top-1 accuracy on {on}", f"loss on {on} (nats)")):
         ax.axvline(1, color="grey", ls=":", lw=1)
-        ax.set(xscale="log", xlabel="distance between the copies / training length", ylabel=what)
-    axes[0].axhline(1 / report["random_vocab"], color="grey", lw=0.8, label="chance")
+        ax.set(xscale="log", xlabel=f"distance between {between} / training length", ylabel=what)
+    v = report["random_vocab"]  # chance: uniform over the ids the values (mqar) or the random segment are drawn from
+    if probe == "mqar" or report.get("copy_source", "random") == "random":  # a text segment has no such chance level
+        axes[0].axhline(1 / (v - v // 2 if probe == "mqar" else v), color="grey", lw=0.8, label="chance")
     axes[0].legend(fontsize=8)
+    if probe == "mqar":
+        fig.suptitle(f"MQAR probe, {report['run']} (trained at {L}): {report['segment'] // 2} key-value pairs, asked "
+                     f"after held-out text; bars: one standard error over trials", fontsize=10)
+        return png(fig)
     c = report["retrieval"]
     verdict = ("copies inside its training length" if c["retrieves"] else "not checked inside its training length"
                if c["inside_top1"] is None else "does NOT copy inside its training length: no method comparison")
@@ -264,7 +299,7 @@ def plot_by_length(report, probe):
 
 def log_wandb(report, ckpt, pngs):
     import wandb
-    rows = [[r.get(k) for k in CSV_FIELDS] for r in report["results"] if r["probe"] in ("copy", "passkey")]
+    rows = [[r.get(k) for k in CSV_FIELDS] for r in report["results"] if r["probe"] in ("copy", "mqar", "passkey")]
     with init_wandb(ckpt["config"], "probes", group=ckpt["config"].get("wandb_group") or report["run"]) as run:
         run.log({"probes/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows),
                  "probes/retrieves": (report["retrieval"] or {}).get("retrieves"),
@@ -280,6 +315,7 @@ def probes(args):
     if "pairs" in args["methods"]:
         check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
+                 mqar=lambda: mqar_probe(model, tokens, docs, args, rvocab),
                  passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
                  rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
     results, seconds = [], {}
@@ -294,12 +330,15 @@ def probes(args):
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L, pos_emb=pos_emb,
                   checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=args["methods"], trials=args["trials"],
-                  segment=args["segment"], random_vocab=rvocab, retrieval=retrieval_check(copies, L) if copies else None,
+                  segment=args["segment"], copy_source=args["copy_source"], random_vocab=rvocab,
+                  retrieval=retrieval_check(copies, L) if copies else None,
                   seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)
-    out, draw = args["out"], dict(copy=plot_copy, passkey=plot_passkey)  # every figure drawn before any file is written
+    out, draw = args["out"], dict(copy=plot_copy, mqar=lambda r: plot_copy(r, "mqar"), passkey=plot_passkey)
+    # every figure drawn before any file is written
     figures = {f"probe_{p}.png": draw[p](report) if p in draw else plot_by_length(report, p)
                for p in PROBES if any(r["probe"] == p and (r["available"] or p in draw) for r in results)}
-    write_all(out, {**figures, **json_csv("probes", report, [r for r in results if r["probe"] in ("copy", "passkey")], CSV_FIELDS)})
+    rows = [r for r in results if r["probe"] in ("copy", "mqar", "passkey")]
+    write_all(out, {**figures, **json_csv("probes", report, rows, CSV_FIELDS)})
     print(f"{summary(report)}\n{len(results)} probe entries in {report['seconds']:.0f}s ("
           + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, " + ", ".join(figures))
     if args["wandb"] and ckpt["config"].get("wandb_log", False):
@@ -312,7 +351,8 @@ def summary(report):
     lines = [f"copy inside the training length (none): top-1 {fmt(c['inside_top1'], 3)} -> " + (
         "the run copies" if c["retrieves"] else "not checked: no copy distance fits in it (try --distances 0.5)"
         if c["inside_top1"] is None else "the run does NOT copy: the probes compare nothing")] if c else []
-    for probe, key, col, by in (("copy", "top1", "distance", "distance"), ("passkey", "exact", "eval_len", "length (mean over depths)")):
+    for probe, key, col, by in (("copy", "top1", "distance", "distance"), ("mqar", "top1", "distance", "distance"),
+                                ("passkey", "exact", "eval_len", "length (mean over depths)")):
         if rs := [r for r in report["results"] if r["probe"] == probe]:
             cols = sorted({r[col] for r in rs})
             lines.append(f"{probe} {key} by {by}: " + " ".join(f"{c:>7}" for c in cols))
