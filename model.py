@@ -196,18 +196,17 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
         Tk = k.size(2)  # the T queries are the last T of Tk positions
-        if pos.sinks is not None:  # the sink keys see the query at its cache position: a second rotation of q
-            n, cos, sin = pos.sinks
-            sink = (torch.arange(Tk, device=k.device) < n)[:, None]
-            q0 = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
-            k = apply_rope(k, pos.cos, pos.sin, self.layout)
-            # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
-            q = torch.cat((q0, apply_rope(q, cos, sin, self.layout)), dim=-1) * math.sqrt(2)
-            k = torch.cat((k * ~sink, k * sink), dim=-1)
-            v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
-        elif pos.cos is not None:
+        unrotated = q
+        if pos.cos is not None:
             q = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
             k = apply_rope(k, pos.cos, pos.sin, self.layout)
+        if pos.sinks is not None:  # RoPE: the sink keys see the query at its cache position, a second rotation of q
+            n, cos, sin = pos.sinks
+            sink = (torch.arange(Tk, device=k.device) < n)[:, None]
+            # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
+            q = torch.cat((q, apply_rope(unrotated, cos, sin, self.layout)), dim=-1) * math.sqrt(2)
+            k = torch.cat((k * ~sink, k * sink), dim=-1)
+            v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
         if pos.q_scale is not None:  # one scale per query: before or after the rotation alike
             q = q * pos.q_scale.to(q.dtype)
         if self.ssmax is not None:  # one per query and head: a scale of q keeps SDPA fused
