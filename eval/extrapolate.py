@@ -38,7 +38,7 @@ def parse_args(argv):
             ("bins", "linear", "position bins: linear or log"),
             ("factor", "auto", "auto (eval length / training length) or one number >= 1 for every length"),
             ("dynamic_factor", "1", "dynamic-ntk's extra NTK multiplier a (1: plain dynamic NTK)"),
-            ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first"),
+            methods.PAIRS_OPTION,
             ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),

@@ -76,6 +76,9 @@ def forward_args(method, length, train_len, run_len, factor=None):
     }[method]
 
 
+PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")
+
+
 def parse_pairs(text):
     """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept, unlike other lists."""
     return None if text is None else [number(t, "pair_factors", float, 1) for t in text.split(",")]

@@ -15,8 +15,8 @@ from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, mqar_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval.extrapolate import bin_edges, mean_stderr
-from eval.methods import (ANY_ENCODING, MASKS, METHODS, check_pairs, forward_args, original_len, parse_pairs,
-                          unavailable, usable)
+from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args, original_len,
+                          parse_pairs, unavailable, usable)
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from model import visible
@@ -40,7 +40,7 @@ def parse_args(argv):
             ("trials", "20", "trials per copy distance and passkey cell"),
             ("segment", "32", "tokens in the copied segment (mqar: segment // 2 key-value pairs)"),
             ("copy_source", "random", "the copied segment: random ids, or text (a stretch of held-out text)"),
-            ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first"),
+            PAIRS_OPTION,
             ("seed", "0", "seed of the trials"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
