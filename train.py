@@ -21,7 +21,7 @@ from data.dataset import get_rows, load_meta, load_split, shakespeare_vocab
 from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_vocab
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
-from eval.base_bound import first_negative
+from eval.base_bound import first_negative, trained_freq
 from rope import scaling_type
 from runtime import autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device, run_cli, write_atomic
 
@@ -39,7 +39,7 @@ def lr_at(it, c):
 def base_bound_note(cfg, eval_multiple=16):
     """A line if the RoPE base is below Men et al.'s bound (B_m < 0) up to eval_multiple x block_size, else None."""
     L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
-    if cfg.pos_emb == "rope" and (m := first_negative(head_dim, cfg.rope_base, eval_multiple * L, cfg.rope_fraction)):
+    if cfg.pos_emb == "rope" and (m := first_negative(trained_freq(head_dim, cfg.rope_base, cfg.rope_fraction), eval_multiple * L)):
         reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
         fraction = f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else ""
         return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: B_m < 0 "

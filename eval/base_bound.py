@@ -14,19 +14,29 @@ from rope import default_inv_freq, rotating_pairs
 from runtime import arg_parser, number, parse_list, run_cli
 
 
-def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
-    """B_m for m = start .. max_len (float64); fraction (p-RoPE): only the highest pairs rotate, each other one adds 1."""
-    # B_m < 0: attention no longer prefers a key similar to the query at distance m (docs/methodology.md, base bound)
+def trained_freq(head_dim, base, fraction=None):
+    """The frequencies a model trains with (float64); fraction (p-RoPE): only the highest pairs rotate, the others 0."""
     inv_freq = default_inv_freq(head_dim, base)
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return torch.cos(torch.arange(start, max_len + 1, dtype=torch.float64)[:, None] * inv_freq).sum(-1)
+    return inv_freq
 
 
-def first_negative(head_dim, base, max_len, fraction=None):
+def bound_curve(inv_freq, max_len, start=0):
+    """B_m = sum_i cos(m theta_i) for m = start .. max_len (float64), of any frequencies: a scaling method's too."""
+    # B_m < 0: attention no longer prefers a key similar to the query at distance m (docs/methodology.md, base bound)
+    return torch.cos(torch.arange(start, max_len + 1, dtype=torch.float64)[:, None] * inv_freq.double()).sum(-1)
+
+
+def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
+    """B_m for m = start .. max_len at the trained frequencies; an unrotated pair (p-RoPE) adds 1."""
+    return bound_curve(trained_freq(head_dim, base, fraction), max_len, start)
+
+
+def first_negative(inv_freq, max_len):
     """The first distance m in 1 .. max_len with B_m < 0, or None. In doubling chunks: most bases of a scan fail early."""
     start, size = 1, 256
     while start <= max_len:
-        negative = (base_bound_curve(head_dim, base, min(start + size - 1, max_len), start, fraction) < 0).nonzero()
+        negative = (bound_curve(inv_freq, min(start + size - 1, max_len), start) < 0).nonzero()
         if len(negative):
             return start + int(negative[0])
         start, size = start + size, 2 * size
@@ -37,7 +47,7 @@ def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
     1 .. context_len: an upward scan, as the passing bases are no interval (docs/methodology.md, the base bound)."""
     grid = (float(f"{m}e{e}") for e in itertools.count(math.floor(math.log10(lowest)) - 1) for m in range(10, 100))
     for base in itertools.takewhile(lambda b: b <= highest, grid):
-        if base >= lowest and first_negative(head_dim, base, context_len) is None:
+        if base >= lowest and first_negative(trained_freq(head_dim, base), context_len) is None:
             return base
     raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
 
@@ -61,7 +71,7 @@ def plot(head_dim, bases, max_len):
     fig, ax = pyplot().subplots(figsize=(8, 4))
     for i, base in enumerate(bases):
         ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy(), lw=1, color=f"C{i}", label=f"base {base:g}")
-        if m := first_negative(head_dim, base, max_len):
+        if m := first_negative(trained_freq(head_dim, base), max_len):
             ax.axvline(m, color=f"C{i}", ls=":", lw=1)
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xscale="log", xlabel="relative distance m", ylabel="B_m", title=f"Men et al.'s B_m, head dim {head_dim}; "
@@ -76,7 +86,7 @@ def base_bound(args):
     print(*(f"head dim {d}, context {L}: smallest base {b:.2g} (two significant digits)" for L, b in smallest.items()), sep="\n")
     if not args["bases"]:
         return smallest
-    fails = {b: first_negative(d, b, max_len) for b in args["bases"]}
+    fails = {b: first_negative(trained_freq(d, b), max_len) for b in args["bases"]}
     print(*(f"base {b:g}: " + (f"B_m < 0 first at m = {m}" if m else f"B_m >= 0 up to m = {max_len}")
             for b, m in fails.items()), sep="\n")
     report = dict(head_dim=d, smallest_base={str(L): b for L, b in smallest.items()},

@@ -89,16 +89,23 @@ def per_method(probe, model, rows, args, methods, measure, **fields):
         yield entry(probe, method, rows.shape[1] - 1, reason, **fields, **({} if reason else measure(*scored)))
 
 
-def copy_probe(model, tokens, docs, args, vocab):
-    """Per distance and method: loss and top-1 on the repeat's tokens 1..segment-1."""
-    L, k, rng = model.config.block_size, args["segment"], np.random.default_rng(args["seed"])
+def copy_trials(tokens, docs, L, args, vocab):
+    """(distance d, rows [trials, d + segment + 1]) per --distances multiple of L: the copy probe's trials, the same
+    for every run on the same data and options (its seeds), so a study can pair them."""
+    k, rng = args["segment"], np.random.default_rng(args["seed"])
     for mult in args["distances"]:
         d = max(k, round(mult * L))
         n = d + k  # the first copy starts one token in: position 1 .. k, the second ends the window
         filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
         segments = (None if args.get("copy_source", "random") == "random"  # text: the filler's own distribution
                     else np.stack([tokens[s:s + k] for s in doc_windows(docs, k, len(filler), rng)]))
-        rows = copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)
+        yield d, copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)
+
+
+def copy_probe(model, tokens, docs, args, vocab):
+    """Per distance and method: loss and top-1 on the repeat's tokens 1..segment-1."""
+    k = args["segment"]
+    for d, rows in copy_trials(tokens, docs, model.config.block_size, args, vocab):
 
         def measure(nll, hit):
             hits = hit[:, -(k - 1):].mean(axis=1)  # per trial: a study's bootstrap resamples them

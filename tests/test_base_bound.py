@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from eval.base_bound import base_bound_curve, first_negative, smallest_base
+from eval.base_bound import base_bound_curve, first_negative, smallest_base, trained_freq
 
 BASE = 10000.0
 
@@ -46,14 +46,14 @@ def test_paper_table_values_fail_the_bound_as_defined():
 
 def test_base_bound_by_hand():
     # head dim 2: B_m = cos(m), first negative at m = 2 (cos 2 = -0.416)
-    assert first_negative(2, 10.0, 10) == 2
+    assert first_negative(trained_freq(2, 10.0), 10) == 2
     # head dim 4, base 100: B_m = cos(m) + cos(m / 10); B_2 = -0.416 + 0.980 = 0.564, B_3 = -0.990 + 0.955 = -0.035
     curve = base_bound_curve(4, 100.0, 3)
     assert curve.tolist() == pytest.approx([2.0, math.cos(1) + math.cos(0.1), 0.5639, -0.0347], abs=1e-4)
-    assert first_negative(4, 100.0, 3) == 3 and first_negative(4, 100.0, 2) is None
+    assert first_negative(trained_freq(4, 100.0), 3) == 3 and first_negative(trained_freq(4, 100.0), 2) is None
     # the passing bases are not an interval: a base above the smallest passing one can fail
     low = smallest_base(8, 64)
-    assert first_negative(8, low, 64) is None and first_negative(8, low * 0.9, 64) is not None
+    assert first_negative(trained_freq(8, low), 64) is None and first_negative(trained_freq(8, low * 0.9), 64) is not None
 
 
 def test_base_bound_command_prints_the_smallest_base(tmp_path):

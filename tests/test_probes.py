@@ -12,7 +12,7 @@ import torch
 from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_chunk_row, copy_rows, mix_copies, passkey_row, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval import probes
-from eval.base_bound import first_negative, smallest_base
+from eval.base_bound import first_negative, smallest_base, trained_freq
 from eval.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig, visible
 from rope import apply_rope
@@ -67,8 +67,8 @@ def test_mix_copies_replaces_the_fraction_of_rows():
     assert (rows[:4] < 100).all() and (rows[4:] == 5000).all()
 
 
-# the weights of `python train.py configs/retrieval_small.py --max_iters=16000` (seed 1337), optimizer state
-# dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "Probes")
+# `python train.py configs/retrieval_small.py --max_iters=16000` (seed 1337): its weights, config and iteration, the optimizer
+# state dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "Probes"; eval/pairs.py runs on it)
 COPIER = Path(__file__).parent / "assets" / "copier.pt"
 
 
@@ -226,7 +226,7 @@ def test_train_start_up_note_names_where_the_bound_fails_and_counts_p_rope_unrot
     assert "from distance 3478" in base_bound_note(GPTConfig(vocab_size=10, rope_base=1e6))
     assert base_bound_note(GPTConfig(vocab_size=10, rope_base=smallest_base(32, 4096))) is None
     # p-RoPE with half the pairs unrotated: each adds 1 to B_m, which then never falls below 0
-    assert first_negative(32, 1e4, 4096, fraction=0.5) is None
+    assert first_negative(trained_freq(32, 1e4, 0.5), 4096) is None
     assert base_bound_note(GPTConfig(vocab_size=10, rope_fraction=0.5)) is None
 
 
