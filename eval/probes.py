@@ -34,8 +34,8 @@ def parse_args(argv):
     p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/retrieval_small)")
     for name, default, text in (
             ("probes", "copy,passkey,rotation,entropy", f"which probes: {', '.join(PROBES)}"), ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"),
-            ("distances", "0.25,0.5,0.875,2,4,8,16", "copy distances, multiples of the training length"),
-            ("lengths", "1,2,4,8", "passkey, rotation and entropy lengths, multiples of the training length"),
+            ("distances", "0.25,0.5,0.875,2,4,8,16", "copy distances, multiples of the training length (a fine-tune: its origin's)"),
+            ("lengths", "1,2,4,8", "passkey, rotation and entropy lengths, multiples of the training length (as --distances)"),
             ("depths", "0,0.25,0.5,0.75,1", "passkey depths: the fraction of the filler before the key"),
             ("trials", "20", "trials per copy distance and passkey cell"),
             ("segment", "32", "tokens in the copied segment (mqar: segment // 2 key-value pairs)"),
@@ -105,7 +105,7 @@ def copy_trials(tokens, docs, L, args, vocab):
 def copy_probe(model, tokens, docs, args, vocab):
     """Per distance and method: loss and top-1 on the repeat's tokens 1..segment-1."""
     k = args["segment"]
-    for d, rows in copy_trials(tokens, docs, model.config.block_size, args, vocab):
+    for d, rows in copy_trials(tokens, docs, args["train_len"], args, vocab):
 
         def measure(nll, hit):
             hits = hit[:, -(k - 1):].mean(axis=1)  # per trial: a study's bootstrap resamples them
@@ -120,7 +120,7 @@ def mqar_probe(model, tokens, docs, args, vocab):
     """Per distance d and method: loss and top-1 on the values after the queries. segment // 2 pairs start the row and
     are asked (shuffled) in its last segment tokens, held-out text between: each query d - 2(p-1) .. d + 2(p-1) tokens
     after its key, d on average. crop sees the pairs only while d + segment - 1 <= L."""
-    L, p, rng = model.config.block_size, args["segment"] // 2, np.random.default_rng(args["seed"] + 3)
+    L, p, rng = args["train_len"], args["segment"] // 2, np.random.default_rng(args["seed"] + 3)
     for mult in args["distances"]:
         d = max(2 * p, round(mult * L))
         n = d + 2 * p - 1  # targets: the row is d + 2p tokens, pairs at 0 .. 2p-1, queries at d .. d + 2p - 1
@@ -147,7 +147,7 @@ def retrieval_check(copies, train_len):
 
 def passkey_probe(model, tokens, docs, args, encode):
     """Per length x depth x method: teacher-forced log-probability of the key and greedy exact match."""
-    L, rng = model.config.block_size, np.random.default_rng(args["seed"] + 1)
+    L, rng = args["train_len"], np.random.default_rng(args["seed"] + 1)
     for mult in args["lengths"]:
         n = round(mult * L)
         starts = doc_windows(docs, n, args["trials"], rng)
@@ -210,7 +210,7 @@ def entropy_probe(model, tokens, docs, args):
     """Per length and method: attention entropy by query position, binned, mean over layers and heads."""
     L, rng = model.config.block_size, np.random.default_rng(args["seed"] + 2)
     for mult in args["lengths"]:
-        n = round(mult * L)
+        n = round(mult * args["train_len"])
         rows = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, ENTROPY_WINDOWS, rng)])
         edges = bin_edges(n, "linear")
         x = (edges[:-1] + edges[1:] - 1) / 2
@@ -335,7 +335,8 @@ def probes(args):
         raise ValueError(f"nothing to probe: {r['method']} at {r['eval_len']} tokens: {r['reason']}" if r else
                          f"nothing to probe: the rotation probe needs RoPE, not pos_emb={pos_emb}; use --probes copy,passkey,entropy")
     copies = [r for r in results if r["probe"] == "copy"]
-    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=L, pos_emb=pos_emb,
+    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=args["train_len"],
+                  context_len=L, pos_emb=pos_emb,
                   checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=args["methods"], trials=args["trials"],
                   segment=args["segment"], copy_source=args["copy_source"], random_vocab=rvocab,
                   retrieval=retrieval_check(copies, L) if copies else None,

@@ -408,6 +408,12 @@ def test_a_fine_tuned_run_is_scored_from_its_original_length(rope_run, dataset, 
     by = {(r["method"], r["eval_len"]): r for r in report["results"]}
     assert by["pi", 4 * L]["factor"] == 4 and report["crop_context"] == [2 * L - 2 * L // 8 + 1, 2 * L]
     assert by["crop", 2 * L]["loss"] == pytest.approx(by["none", 2 * L]["loss"], abs=1e-6)  # nothing cropped up to 2L
+    from eval import probes  # its copy distances are multiples of the original length too: the zero-shot run's trials
+    rep = probes.probes(probes.parse_args([str(tuned), "--out", str(tmp_path_factory.mktemp("ft_probes")), "--probes",
+                                           "copy", "--distances", "0.5,4", "--methods", "none,crop", "--trials", "2",
+                                           "--segment", "4", "--no-wandb"]))
+    assert (rep["train_len"], rep["context_len"]) == (L, 2 * L)
+    assert {r["distance"] for r in rep["results"]} == {L // 2, 4 * L}
 
 
 def outputs_of(folder, names):

@@ -252,3 +252,19 @@ def test_bench_beside_nanogpt_times_three_models_and_names_a_bad_checkout(tmp_pa
     assert [r.split()[0] for r in rows] == ["nanoGPT", "ours,", "ours,"] and rows[0].endswith("1.000x nanoGPT")
     bad = subprocess.run(cmd[:2] + [f"--nanogpt={tmp_path / 'nowhere'}"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "no model.py there" in bad.stderr
+
+
+CONFIGS = sorted((Path(train.__file__).parent / "configs").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_loads_and_a_fine_tune_matches_the_run_it_starts_from(path):
+    from config import DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, model_config
+    config = train.load_config([str(path)])
+    model_config(config, vocab_size=257 if config["dataset"] == "shakespeare_bytes" else 2048)
+    assert Path(config["out_dir"]).name == path.stem  # its output folder is named after it
+    if config["init_from"] not in ("scratch", "resume"):  # out/X is configs/X.py's run: the model keys must agree
+        origin = train.load_config([str(path.parent / f"{Path(config['init_from']).name}.py")])
+        free = FINETUNE_KEYS + (DROPE_KEYS if config["pos_emb"] == "none" else ())
+        assert {k: config[k] for k in MODEL_KEYS if k not in free} == {k: origin[k] for k in MODEL_KEYS if k not in free}
+        assert config["dataset"] == origin["dataset"] and config["block_size"] >= origin["block_size"]
