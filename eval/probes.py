@@ -14,6 +14,7 @@ from tqdm import tqdm
 from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, mqar_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
+from eval.base_bound import first_negative
 from eval.extrapolate import bin_edges, mean_stderr
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args, original_len,
                           parse_pairs, unavailable, usable)
@@ -119,7 +120,7 @@ def copy_probe(model, tokens, docs, args, vocab):
 def mqar_probe(model, tokens, docs, args, vocab):
     """Per distance d and method: loss and top-1 on the values after the queries. segment // 2 pairs start the row and
     are asked (shuffled) in its last segment tokens, held-out text between: each query d - 2(p-1) .. d + 2(p-1) tokens
-    after its key, d on average. crop sees the pairs only while d + segment - 1 <= L."""
+    after its key, d on average. crop sees the pairs only while d + segment - 1 <= the run's block_size."""
     L, p, rng = args["train_len"], args["segment"] // 2, np.random.default_rng(args["seed"] + 3)
     for mult in args["distances"]:
         d = max(2 * p, round(mult * L))
@@ -165,7 +166,8 @@ def passkey_probe(model, tokens, docs, args, encode):
 
 
 def rotation_probe(model, args):
-    """Per length, method and frequency pair: turns over the training (unscaled) and the evaluation length (scaled)."""
+    """Per length, method and frequency pair: turns over the training (unscaled) and the evaluation length (scaled);
+    per length and method, the first distance where Men et al.'s B_m of the frequencies used is negative."""
     if model.config.pos_emb != "rope":
         return
     L = args["train_len"]
@@ -177,7 +179,7 @@ def rotation_probe(model, args):
             ratio = [f / b if b else None for f, b in zip(freq.double().tolist(), base.tolist())]
             yield entry("rotation", method, T, attention_factor=attention, turns_train=(L * base / (2 * math.pi)).tolist(),
                         turns_eval=(T * freq.double() / (2 * math.pi)).tolist(), ratio=ratio,
-                        kind=[pair_kind(r, T / L) for r in ratio])
+                        kind=[pair_kind(r, T / L) for r in ratio], bound_negative_at=first_negative(freq, T))
 
 
 def pair_kind(ratio, factor):

@@ -125,6 +125,10 @@ def test_turn_counts_match_the_closed_form():
     assert all(k == "interpolated" for k, t in zip(kinds, turns) if t < 1)
     assert "blended" in kinds
     assert pair_kind(0.5, 2.0) == "interpolated" and pair_kind(0.7, 2.0) == "blended"
+    # B_m on the frequencies used: head dim 32, base 1e4 first fails at 474 (eval/base_bound.py), inside 1024;
+    # PI at factor 4 divides every frequency by 4, so B_m(m) = B_(m/4) of the trained ones: first failing at 4 * 474
+    m = next(m for m in range(1, 4000) if sum(math.cos(m * t) for t in theta) < 0)
+    assert (m, by["none"]["bound_negative_at"], by["pi"]["bound_negative_at"]) == (474, 474, None)
 
 
 def test_p_rope_pairs_that_do_not_rotate_do_not_turn_in_the_rotation_probe():
