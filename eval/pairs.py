@@ -103,7 +103,7 @@ def measure(models, trial_sets, L, k, betas):
             rows.append(dict(variant=name, distance=d, factor=s, top1=c["mean"], lo=c["lo"], hi=c["hi"],
                              bound_negative_at=first_negative(models[0].frequencies(T, scaling)[0], d),
                              hits=hits[name].round(4).tolist()))
-        for j in range(1, n):  # the same j pairs kept either way: the slow ones scaled, or the fast ones
+        for j in range(1, n):  # j pairs scaled either way: the slowest (the fast ones kept) or the fastest
             c = interval(hits[f"slowest {j}"] - hits[f"fastest {j}"])
             contrasts.append(dict(distance=d, pairs=j, diff=c["mean"], lo=c["lo"], hi=c["hi"], p=c["p"]))
     for c, reject in zip(contrasts, holm([c["p"] for c in contrasts])):
