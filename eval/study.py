@@ -18,6 +18,7 @@ from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
 KEYS = ("protocol", "method", "mode", "eval_len")  # with the config, what a row aggregates over seeds
+PAIRS = (("yarn", "ntk-by-parts"),)  # declared contrasts between two methods: YaRN with and without its temperature
 
 
 def last_iter(run_dir):
@@ -98,14 +99,29 @@ def aggregate_probes(reports):
     return [dict(r, value=spread(units[key], " ".join(map(str, key)))) for key, r in rows.items()]
 
 
-def contrasts(rows):
+def between(reports, a, b):
+    """(config, length, interval) of method a minus method b over the targets past L (windows protocol), paired on the
+    same seeds x windows: for yarn and ntk-by-parts, YaRN's temperature alone (the same frequencies)."""
+    diffs = {}
+    for config, seeds in reports.items():
+        for rep in seeds:
+            past = {(r["method"], r["eval_len"]): (r["per_unit"] or {}).get("diff_crop") for r in rep["results"]
+                    if r["protocol"] == "windows" and r["eval_len"] > rep["train_len"]}
+            for (m, T), v in past.items():
+                if m == a and v is not None and past.get((b, T)) is not None:
+                    diffs.setdefault((config, T), []).append(np.subtract(v, past[b, T]).tolist())
+    return [(c, T, spread(v, f"{c} {a} - {b} at {T}")) for (c, T), v in diffs.items()]
+
+
+def contrasts(rows, reports=None):
     """The declared family: each method but crop against crop past L (diff_crop, windows protocol, every length > L and
-    config), decided together by Holm's procedure on the bootstrap p-values."""
-    family = [(r, r["diff_crop"]) for r in rows if r["protocol"] == "windows" and r["method"] != "crop"
-              and r["eval_len"] > r["train_len"] and r["diff_crop"] is not None]
-    return [dict(config=r["config"], method=label(r), eval_len=r["eval_len"], **{k: d[k] for k in ("mean", "lo", "hi", "p")},
-                 decision=("lower" if d["mean"] < 0 else "higher") + " than crop" if decided else "undecided")
-            for (r, d), decided in zip(family, holm([d["p"] for _, d in family]))]
+    config), and each of PAIRS (a minus b past L, from the reports), decided together by Holm's procedure."""
+    family = [(dict(config=r["config"], method=label(r), eval_len=r["eval_len"]), "crop", r["diff_crop"]) for r in rows
+              if r["protocol"] == "windows" and r["method"] != "crop" and r["eval_len"] > r["train_len"] and r["diff_crop"]]
+    family += [(dict(config=c, method=f"{a} - {b}", eval_len=T), b, d) for a, b in PAIRS for c, T, d in between(reports or {}, a, b)]
+    return [dict(key, **{k: d[k] for k in ("mean", "lo", "hi", "p")},
+                 decision=f"{'lower' if d['mean'] < 0 else 'higher'} than {ref}" if decided else "undecided")
+            for (key, ref, d), decided in zip(family, holm([d["p"] for _, _, d in family]))]
 
 
 def cell(s, transform=lambda x: x, digits=2):
@@ -132,7 +148,7 @@ def section(title, rows, stat, seeds, unit, L, key=lambda r: (r["config"], label
                 + table([(key(r), at(r), cell(r[stat], transform, digits)) for r in rows], sorted({at(r) for r in rows}), L))
 
 
-def markdown(rows, seeds, probe_rows=()):
+def markdown(rows, seeds, probe_rows=(), reports=None):
     L, tables = rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         rs, unit = [r for r in rows if r["protocol"] == protocol], "windows" if protocol == "windows" else "stretches"
@@ -150,12 +166,13 @@ def markdown(rows, seeds, probe_rows=()):
             tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],
                                   key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]),
                                   note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing"))
-    if declared := contrasts(rows):
+    if declared := contrasts(rows, reports):
         cells = [((c["config"], c["method"]), c["eval_len"], f"{cell(c, digits=3)} {c['decision'].split()[0]}") for c in declared]
         tables.append(f"### Declared contrasts: loss minus crop over the targets past L, windows protocol\n\nmean [{LEVEL:.0%} "
                       f"bootstrap interval] and the decision; the family, every method but crop at every length past L in every "
-                      f"config (m = {len(declared)}), is decided together by Holm's procedure at {1 - LEVEL:.2f} family-wise.\n\n"
-                      + table(cells, sorted({c["eval_len"] for c in declared}), L))
+                      f"config, and {', '.join(f'{a} minus {b}' for a, b in PAIRS)} (YaRN's temperature alone, paired on the "
+                      f"same windows) (m = {len(declared)}), is decided together by Holm's procedure at {1 - LEVEL:.2f} "
+                      "family-wise.\n\n" + table(cells, sorted({c["eval_len"] for c in declared}), L))
     return "\n\n".join(t for t in tables if t) + "\n"
 
 
@@ -238,11 +255,11 @@ def study(args):
             if args["probe_args"] is not None:
                 probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
-    declared = contrasts(rows)
+    declared = contrasts(rows, reports)
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=LEVEL, rows=rows, probe_rows=probe_rows,
                   contrasts=dict(family_size=len(declared), holm_alpha=round(1 - LEVEL, 6), rows=declared))
     md = (f"# Study {out.name}: {', '.join(reports)}, {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
-          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows))
+          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, reports))
     write_all(out, {"study.png": plot(rows), "study.json": json.dumps(result, indent=1) + "\n", "study.md": md})
     print(md + f"-> {out}/study.{{json,md,png}}")
     if args["wandb_log"]:

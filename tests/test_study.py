@@ -79,6 +79,23 @@ def test_holm_decides_the_declared_contrasts_against_crop_past_the_training_leng
     assert [c["decision"] for c in study.contrasts(rows)] == ["lower than crop", "undecided", "undecided", "lower than crop"]
 
 
+def test_yarn_minus_ntk_by_parts_is_paired_on_the_same_windows_and_declared_too():
+    # YaRN's temperature alone: per window, yarn's diff_crop minus ntk-by-parts'; the window effects cancel
+    rng = np.random.default_rng(2)
+    window = rng.normal(0, 0.5, (3, 16))  # shared by both methods: a paired difference removes it
+    reports = {"rope_small": [dict(run=f"s{k}", train_len=32, results=[
+        entry("crop", loss=[4.0] * 16), entry("ntk-by-parts", loss=4.2 + window[k], diff_crop=0.2 + window[k]),
+        entry("yarn", loss=4.1 + window[k] + rng.normal(0, 0.01, 16), diff_crop=0.1 + window[k] + rng.normal(0, 0.01, 16))])
+        for k in range(3)]}
+    rows = study.aggregate(reports)
+    declared = {c["method"]: c for c in study.contrasts(rows, reports)}
+    pair = declared["yarn - ntk-by-parts"]
+    assert pair["mean"] == pytest.approx(declared["yarn"]["mean"] - declared["ntk-by-parts"]["mean"])
+    assert pair["decision"] == "lower than ntk-by-parts" and pair["hi"] < 0 and pair["hi"] - pair["lo"] < 0.02
+    assert declared["yarn"]["decision"] == "undecided"  # against crop the window spread hides the same 0.1
+    assert "m = 3" in study.markdown(rows, 3, reports=reports) and len(study.contrasts(rows)) == 2  # no reports: no pair
+
+
 def probes_report(hit):
     """One seed's probes: copy at distance 32 (5 trials), passkey at 64 over 2 depths (3 trials each), all hits = hit;
     and an older copy entry without per-trial hits."""
