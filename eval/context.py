@@ -53,7 +53,7 @@ def score(model, units, c, m, method, train_len):
     """Per-unit mean NLL of the last m targets, each unit's last seen(...) + 1 tokens scored from position 0."""
     run_len = model.config.block_size
     kwargs = {} if method == "crop" else forward_args(method, c, train_len, run_len)
-    return score_rows(model, units[:, -(seen(method, c, run_len) + 1):], **kwargs)[0][:, -m:].mean(axis=1)
+    return score_rows(model, units[:, -(seen(method, c, run_len) + 1):], last=m, **kwargs)[0].mean(axis=1)
 
 
 def plot(report):

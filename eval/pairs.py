@@ -65,7 +65,7 @@ def yarn_variants(s, L, betas):
 
 def copy_hits(model, rows, k, **positions):
     """Per trial, the share of the repeat's tokens 1..k-1 predicted top-1."""
-    return score_rows(model, rows, **positions)[1][:, -(k - 1):].mean(axis=1)
+    return score_rows(model, rows, last=k - 1, **positions)[1].mean(axis=1)
 
 
 def load_runs(paths, device):

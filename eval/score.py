@@ -20,25 +20,27 @@ def load_run(run_dir, device="cpu"):
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 
-def score_windows(model, tokens, starts, length, tokens_per_batch=16384, **positions):
-    """Per-position NLL [len(starts), length] of the windows tokens[s:s+length+1] (see score_rows)."""
+def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=None, **positions):
+    """Per-position NLL [len(starts), last or length] of the windows tokens[s:s+length+1] (see score_rows)."""
     rows = np.stack([tokens[s:s + length + 1] for s in starts])  # the callers' starts come from doc_windows: they fit
-    return score_rows(model, rows, tokens_per_batch, **positions)[0]
+    return score_rows(model, rows, tokens_per_batch, last, **positions)[0]
 
 
 @torch.no_grad()
-def score_rows(model, rows, tokens_per_batch=16384, **positions):
-    """(NLL [N, n] float64, top-1 hit [N, n] bool) of token rows [N, n+1], each from position 0, in batches <= tokens_per_batch."""
+def score_rows(model, rows, tokens_per_batch=16384, last=None, **positions):
+    """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of token rows [N, n+1],
+    each row from position 0, in batches <= tokens_per_batch."""
     rows = np.asarray(rows, dtype=np.int64)
     N, n, device = rows.shape[0], rows.shape[1] - 1, next(model.parameters()).device
-    batch = max(1, tokens_per_batch // n)
-    nll, hit = np.empty((N, n), dtype=np.float64), np.empty((N, n), dtype=bool)
+    batch, m = max(1, tokens_per_batch // n), last or n
+    nll, hit = np.empty((N, m), dtype=np.float64), np.empty((N, m), dtype=bool)
     for i in range(0, N, batch):
         chunk = torch.from_numpy(rows[i:i + batch]).to(device)
         with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
             logits, _ = model(chunk[:, :-1], **positions)
-        # per token, in float32 (as the model's own loss), not averaged: positions are the point
-        y = chunk[:, 1:]
+        # per token, in float32 (as the model's own loss), not averaged: positions are the point; only the targets
+        # asked for (the cross-entropy over the vocabulary was a quarter of a strided crop's time)
+        logits, y = logits[:, -m:], chunk[:, -m:]
         nll[i:i + len(chunk)] = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu().numpy()
         hit[i:i + len(chunk)] = (logits.argmax(-1) == y).cpu().numpy()
     return nll, hit
@@ -55,7 +57,9 @@ def sliding_windows(n, length, stride):
 
 def score_sliding(model, tokens, start, n, length, stride, **positions):
     """(NLL [n], position in its window) of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
-    plan = sliding_windows(n, length, stride)
-    nll = score_windows(model, tokens, [start + s for s, _ in plan], length, **positions)
-    return (np.concatenate([row[length - k:] for row, (_, k) in zip(nll, plan)]),
+    plan = sliding_windows(n, length, stride)  # the first window scores all its targets, the others their last <= stride
+    nll = [*score_windows(model, tokens, [start + plan[0][0]], length, **positions),
+           *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, **positions)
+             if len(plan) > 1 else [])]
+    return (np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)]),
             np.concatenate([np.arange(length - k, length) for _, k in plan]))
