@@ -321,8 +321,8 @@ class GPT(nn.Module):
                          seen.float().log()[:, None] if self.config.ssmax else None)
 
     def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, sinks=0,
-                logn_len=None):
-        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given).
+                logn_len=None, last=None):
+        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
         cache: a KVCache, continued in place. How positions are treated, for this call only (eval/methods.py
         builds them): rope_scaling: a rope_scaling dict replacing the trained one (None: as trained);
         causal_dynamic: exact per-position dynamic scaling (a full forward, no cache); window: attend to at most
@@ -353,7 +353,7 @@ class GPT(nn.Module):
             x = block(x, pos[block.attn.nope], cache)
         if cache is not None:
             cache.length += T
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(x[:, -last:] if last else x))  # last: what a scorer reads
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
