@@ -52,6 +52,13 @@ def test_kv_cache_logits_equal_full_forward(kw, one_thread):
     assert torch.allclose(torch.cat((head, tail), dim=1), full, atol=1e-5)
 
 
+def test_logits_of_the_last_positions_only_are_those_of_the_full_forward():
+    model, idx = tiny(pos_emb="alibi"), torch.randint(0, 97, (2, L))
+    full, _ = model(idx)
+    last, _ = model(idx, last=3)
+    assert last.shape == (2, 3, 97) and torch.equal(last, full[:, -3:])
+
+
 def test_causal_dynamic_equals_token_by_token_with_pre_rotation_key_cache(one_thread):
     model = sharpen(tiny(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
     idx = torch.randint(0, 97, (2, 4 * L))
