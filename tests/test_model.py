@@ -56,7 +56,7 @@ def test_logits_of_the_last_positions_only_are_those_of_the_full_forward():
     model, idx = tiny(pos_emb="alibi"), torch.randint(0, 97, (2, L))
     full, _ = model(idx)
     last, _ = model(idx, last=3)
-    assert last.shape == (2, 3, 97) and torch.equal(last, full[:, -3:])
+    assert last.shape == (2, 3, 97) and torch.allclose(last, full[:, -3:], atol=1e-6, rtol=0)  # a matmul over fewer rows
 
 
 def test_causal_dynamic_equals_token_by_token_with_pre_rotation_key_cache(one_thread):
