@@ -1,7 +1,7 @@
 """Issue 19: never lose a run, never train on bad data, every failure one line (train.py, runtime.py, data/, bench.py)."""
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
