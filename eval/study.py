@@ -81,15 +81,15 @@ def aggregate(reports):
 
 
 def aggregate_probes(reports):
-    """{config: [per-seed probes reports]} -> copy top-1 per distance, passkey exact match per length, over seeds x trials
-    (passkey: depths x trials); an entry without per-trial hits counts as one unit, its mean."""
+    """{config: [per-seed probes reports]} -> copy and MQAR top-1 per distance, passkey exact match per length, over
+    seeds x trials (passkey: depths x trials); an entry without per-trial hits counts as one unit, its mean."""
     rows, units = {}, {}
     for config, seeds in reports.items():
         copies = sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds)
         for rep in seeds:
             per = {}
-            for r in (r for r in rep["results"] if r["probe"] in ("copy", "passkey") and r["available"]):
-                at, value = ("distance", "top1") if r["probe"] == "copy" else ("eval_len", "exact")
+            for r in (r for r in rep["results"] if r["probe"] in ("copy", "mqar", "passkey") and r["available"]):
+                at, value = ("eval_len", "exact") if r["probe"] == "passkey" else ("distance", "top1")
                 per.setdefault((config, r["probe"], r["method"], r[at]), []).extend(r.get("hits") or [r[value]])
             for key, v in per.items():
                 row = rows.setdefault(key, dict(zip(("config", "probe", "method", "at"), key), train_len=rep["train_len"],
@@ -161,6 +161,7 @@ def markdown(rows, seeds, probe_rows=(), reports=None):
             tables.append(section(f"{title}, {protocol} protocol", rs, metric, seeds, unit, L,
                                   **(dict(transform=math.exp, digits=1) if metric.startswith("loss") else {})))
     for probe, what, unit in (("copy", "copy probe: top-1 on the repeat, by distance", "trials"),
+                              ("mqar", "MQAR probe: top-1 on the values after the queries, by distance", "trials"),
                               ("passkey", "passkey: exact match, by length", "trials (depths x trials)")):
         if rs := [r for r in probe_rows if r["probe"] == probe]:
             tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],

@@ -98,12 +98,12 @@ def test_yarn_minus_ntk_by_parts_is_paired_on_the_same_windows_and_declared_too(
 
 def probes_report(hit):
     """One seed's probes: copy at distance 32 (5 trials), passkey at 64 over 2 depths (3 trials each), all hits = hit;
-    and an older copy entry without per-trial hits."""
+    an older copy entry without per-trial hits, and MQAR at 32 (4 trials)."""
     copy = dict(probe="copy", eval_len=64, distance=32, available=True)
     return dict(train_len=32, retrieval=dict(retrieves=bool(hit)), results=[
         dict(copy, method="none", top1=float(hit), hits=[float(hit)] * 5), dict(copy, method="yarn", top1=0.5),
         *(dict(probe="passkey", method="none", eval_len=64, depth=d, available=True, exact=float(hit), hits=[hit] * 3)
-          for d in (0, 1))])
+          for d in (0, 1)), dict(copy, probe="mqar", method="none", top1=0.25, hits=[0.25, 0.0, 0.5, 0.25])])
 
 
 def test_probe_proportions_stay_inside_0_1():
@@ -116,6 +116,8 @@ def test_probe_proportions_stay_inside_0_1():
     md = study.markdown(study.aggregate({"rope_small": [fake_report(4.0, 3.5)] * 2}), 2, list(rows.values()))
     assert "### copy probe: top-1 on the repeat, by distance\n\nmean [95% bootstrap interval over 2 seeds x 5 trials]" in md
     assert "| rope_small (1/2 copy) | none | 0.50 [0.00, 1.00] |" in md
+    assert rows["mqar", "none"]["value"]["mean"] == 0.25 and rows["mqar", "none"]["value"]["units"] == 4
+    assert "### MQAR probe: top-1 on the values after the queries, by distance" in md
 
 
 def test_an_old_report_or_seeds_on_different_windows_are_a_one_line_error(tmp_path, monkeypatch):
