@@ -88,10 +88,14 @@ def copies_inside(models, tokens, docs, L, args, vocab):
     return top1
 
 
+def n_pairs(model):
+    return model.config.n_embd // model.config.n_head // 2
+
+
 def measure(models, trial_sets, L, k, betas):
     """(rows, contrasts) over (distance, copy rows) trial sets: per variant its top-1 interval and B_m's first
     negative distance; per j the paired difference slowest j minus fastest j, decided with Holm."""
-    n, rows, contrasts = models[0].config.n_embd // models[0].config.n_head // 2, [], []
+    n, rows, contrasts = n_pairs(models[0]), [], []
     for d, trials in trial_sets:
         T = trials.shape[1] - 1
         s = method_factor("pi", T, L)
@@ -118,7 +122,7 @@ def sweep(args):
     vocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), models[0].config.vocab_size)
     inside = copies_inside(models, tokens, docs, L, args, vocab)
     rows, contrasts = measure(models, copy_trials(tokens, docs, L, args, vocab), L, k, args["betas"])
-    report = dict(runs=[str(r) for r in args["runs"]], train_len=L, pairs=models[0].config.n_embd // models[0].config.n_head // 2,
+    report = dict(runs=[str(r) for r in args["runs"]], train_len=L, pairs=n_pairs(models[0]),
                   segment=k, trials=args["trials"], inside_top1=inside, confidence=LEVEL, command=args["command"],
                   results=rows, contrasts=contrasts)
     md = markdown(report)

@@ -20,6 +20,17 @@ def dataset(tmp_path_factory):
 
 
 @pytest.fixture
+def plays(tmp_path, monkeypatch):
+    """data/shakespeare/prepare.py writing under tmp_path from six small offline "plays" of ~2k characters."""
+    from data.shakespeare import prepare as shakespeare
+    monkeypatch.setattr(shakespeare, "DATA_DIR", tmp_path / "shakespeare")
+    monkeypatch.setattr(shakespeare, "download", lambda: None)
+    monkeypatch.setattr(shakespeare, "read_texts", lambda _: {f"play{i}": f"play {i}: to be or not to be " * 80
+                                                              for i in range(6)})
+    return shakespeare
+
+
+@pytest.fixture
 def one_thread():
     # many tiny torch ops (token-by-token decoding, the base scan): on a 2-core machine that is also
     # training, OpenMP hand-offs between busy cores cost far more than the work itself

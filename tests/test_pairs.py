@@ -69,14 +69,9 @@ def test_a_run_that_does_not_copy_is_refused_and_nothing_is_written(tmp_path_fac
     assert out.returncode == 1 and "do not copy" in out.stderr and not (tmp_path / "o").exists()
 
 
-def test_the_command_writes_its_table_and_figure_for_a_copier(tmp_path, monkeypatch):
+def test_the_command_writes_its_table_and_figure_for_a_copier(tmp_path, plays):
     from config import load_config
-    from data.shakespeare import prepare as shakespeare
-    monkeypatch.setattr(shakespeare, "DATA_DIR", tmp_path / "shakespeare")  # a byte corpus of six small "plays"
-    monkeypatch.setattr(shakespeare, "download", lambda: None)
-    monkeypatch.setattr(shakespeare, "read_texts", lambda _: {f"play{i}": f"play {i}: to be or not to be " * 80
-                                                              for i in range(6)})
-    data = shakespeare.prepare(vocab_size=257)
+    data = plays.prepare(vocab_size=257)  # a byte corpus of six small "plays"
     run = tmp_path / "copier"
     run.mkdir()
     config = dict(load_config(["configs/retrieval_small.py"]), dataset=str(data))

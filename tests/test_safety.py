@@ -126,11 +126,7 @@ def test_block_size_longer_than_a_split_is_an_error_at_start(dataset, tmp_path):
              f"does not fit in the val split of {dataset} ({n_val} tokens", f"use block_size <= {n_val - 1}")
 
 
-def test_another_vocabulary_goes_to_its_own_folder(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(shakespeare, "DATA_DIR", tmp_path / "shakespeare")
-    monkeypatch.setattr(shakespeare, "download", lambda: None)
-    monkeypatch.setattr(shakespeare, "read_texts", lambda _: {f"play{i}": f"play {i}: to be or not to be " * 50
-                                                              for i in range(6)})
+def test_another_vocabulary_goes_to_its_own_folder(tmp_path, plays, capsys):
     default = shakespeare.prepare()
     before = {p.name: p.read_bytes() for p in default.iterdir()}
     other = shakespeare.prepare(vocab_size=300)
