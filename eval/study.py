@@ -113,12 +113,35 @@ def between(reports, a, b):
     return [(c, T, spread(v, f"{c} {a} - {b} at {T}")) for (c, T), v in diffs.items()]
 
 
-def contrasts(rows, reports=None):
+def past_l(rep, r):
+    """r's per-window loss over the targets past L (windows protocol), or None."""
+    if r["protocol"] == "windows" and r["eval_len"] > rep["train_len"]:
+        return (r["per_unit"] or {}).get("loss_beyond_train")
+
+
+def against(reports, control):
+    """(config, method, length, interval) of each other config's loss past L minus the control config's crop, paired on
+    seed k and window j: a fine-tune and its control (trained on for the same tokens at L) start from the same seed."""
+    crop = [{r["eval_len"]: past_l(rep, r) for r in rep["results"] if r["method"] == "crop"} for rep in reports[control]]
+    diffs = {}
+    for config in (c for c in reports if c != control):
+        for rep, ref in zip(reports[config], crop):
+            for r in rep["results"]:
+                if (v := past_l(rep, r)) is not None and ref.get(r["eval_len"]) is not None:
+                    diffs.setdefault((config, label(r), r["eval_len"]), []).append(np.subtract(v, ref[r["eval_len"]]).tolist())
+    return [(*key, spread(v, f"{' '.join(map(str, key))} - {control} crop")) for key, v in diffs.items()]
+
+
+def contrasts(rows, reports=None, control=None):
     """The declared family: each method but crop against crop past L (diff_crop, windows protocol, every length > L and
-    config), and each of PAIRS (a minus b past L, from the reports), decided together by Holm's procedure."""
+    config), each of PAIRS (a minus b past L, from the reports), and with a control config every other config's methods
+    against the control's crop, decided together by Holm's procedure."""
     family = [(dict(config=r["config"], method=label(r), eval_len=r["eval_len"]), "crop", r["diff_crop"]) for r in rows
               if r["protocol"] == "windows" and r["method"] != "crop" and r["eval_len"] > r["train_len"] and r["diff_crop"]]
     family += [(dict(config=c, method=f"{a} - {b}", eval_len=T), b, d) for a, b in PAIRS for c, T, d in between(reports or {}, a, b)]
+    if control:
+        family += [(dict(config=c, method=f"{m} - {control} crop", eval_len=T), f"{control} crop", d)
+                   for c, m, T, d in against(reports, control)]
     return [dict(key, **{k: d[k] for k in ("mean", "lo", "hi", "p")},
                  decision=f"{'lower' if d['mean'] < 0 else 'higher'} than {ref}" if decided else "undecided")
             for (key, ref, d), decided in zip(family, holm([d["p"] for _, _, d in family]))]
@@ -148,7 +171,7 @@ def section(title, rows, stat, seeds, unit, L, key=lambda r: (r["config"], label
                 + table([(key(r), at(r), cell(r[stat], transform, digits)) for r in rows], sorted({at(r) for r in rows}), L))
 
 
-def markdown(rows, seeds, probe_rows=(), reports=None):
+def markdown(rows, seeds, probe_rows=(), reports=None, control=None):
     L, tables = rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         rs, unit = [r for r in rows if r["protocol"] == protocol], "windows" if protocol == "windows" else "stretches"
@@ -167,13 +190,14 @@ def markdown(rows, seeds, probe_rows=(), reports=None):
             tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],
                                   key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]),
                                   note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing"))
-    if declared := contrasts(rows, reports):
+    if declared := contrasts(rows, reports, control):
         cells = [((c["config"], c["method"]), c["eval_len"], f"{cell(c, digits=3)} {c['decision'].split()[0]}") for c in declared]
+        versus = f", every method of the other configs minus {control}'s crop (paired on seeds x windows)" if control else ""
         tables.append(f"### Declared contrasts: loss minus crop over the targets past L, windows protocol\n\nmean [{LEVEL:.0%} "
                       f"bootstrap interval] and the decision; the family, every method but crop at every length past L in every "
-                      f"config, and {', '.join(f'{a} minus {b}' for a, b in PAIRS)} (YaRN's temperature alone, paired on the "
-                      f"same windows) (m = {len(declared)}), is decided together by Holm's procedure at {1 - LEVEL:.2f} "
-                      "family-wise.\n\n" + table(cells, sorted({c["eval_len"] for c in declared}), L))
+                      f"config, {', '.join(f'{a} minus {b}' for a, b in PAIRS)} (YaRN's temperature alone, paired on the "
+                      f"same windows){versus} (m = {len(declared)}), is decided together by Holm's procedure at "
+                      f"{1 - LEVEL:.2f} family-wise.\n\n" + table(cells, sorted({c["eval_len"] for c in declared}), L))
     return "\n\n".join(t for t in tables if t) + "\n"
 
 
@@ -225,6 +249,7 @@ def parse_args(argv):
             ("train_args", "", "options for every train.py run ({seed}: the seed)"),
             ("eval_args", "", "options for every eval/extrapolate.py run"),
             ("probe_args", None, "options for eval/probes.py ('' for its defaults; not given: no probes)"),
+            ("control", None, "one of the configs: every other config's methods against its crop past L (a matched control)"),
             ("wandb_log", "true", "true | false")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
@@ -232,7 +257,10 @@ def parse_args(argv):
         raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
     args = dict(configs=a.configs, seeds=number(a.seeds, "seeds", int, 1), out=Path(a.out), train_args=shlex.split(a.train_args),
                 eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
-                probe_args=None if a.probe_args is None else shlex.split(a.probe_args))
+                probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
+                control=a.control and Path(a.control).stem)
+    if a.control and a.control not in a.configs:
+        raise ValueError(f"--control {a.control!r} is not one of the study's configs ({', '.join(a.configs)})")
     for config in a.configs:  # train.py's own checks, as each run will get them
         load_config([config, *(t.replace("{seed}", "0") for t in args["train_args"])])
     for name, check in (("eval_args", eval_options), ("probe_args", probe_options)):
@@ -256,11 +284,11 @@ def study(args):
             if args["probe_args"] is not None:
                 probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
-    declared = contrasts(rows, reports)
+    declared = contrasts(rows, reports, args["control"])
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=LEVEL, rows=rows, probe_rows=probe_rows,
                   contrasts=dict(family_size=len(declared), holm_alpha=round(1 - LEVEL, 6), rows=declared))
     md = (f"# Study of {', '.join(reports)}: {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
-          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, reports))
+          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, reports, args["control"]))
     write_all(out, {"study.png": plot(rows), "study.json": json.dumps(result, indent=1) + "\n", "study.md": md})
     print(md + f"-> {out}/study.{{json,md,png}}")
     if args["wandb_log"]:

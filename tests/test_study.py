@@ -96,6 +96,25 @@ def test_yarn_minus_ntk_by_parts_is_paired_on_the_same_windows_and_declared_too(
     assert "m = 3" in study.markdown(rows, 3, reports=reports) and len(study.contrasts(rows)) == 2  # no reports: no pair
 
 
+def test_a_control_config_is_paired_with_each_fine_tune_on_seeds_and_windows():
+    # a fine-tune (ft) and its control (cont) start from the same seed: their seed and window effects cancel
+    rng = np.random.default_rng(3)
+    shared = rng.normal(0, 0.3, (3, 1)) + rng.normal(0, 0.5, (3, 16))
+    def seed(k, **loss):
+        return dict(run=f"s{k}", train_len=32, results=[entry(m, loss=v, loss_beyond_train=v) for m, v in loss.items()])
+    reports = {"ft": [seed(k, none=4.0 + shared[k] + rng.normal(0, 0.01, 16), crop=4.1 + shared[k]) for k in range(3)],
+               "cont": [seed(k, crop=4.1 + shared[k]) for k in range(3)]}
+    rows = study.aggregate(reports)
+    declared = {(c["config"], c["method"]): c for c in study.contrasts(rows, reports, control="cont")}
+    assert set(declared) == {("ft", "none - cont crop"), ("ft", "crop - cont crop")}  # the control is not paired with itself
+    none = declared["ft", "none - cont crop"]
+    assert none["mean"] == pytest.approx(-0.1, abs=0.01) and none["hi"] - none["lo"] < 0.02
+    assert none["decision"] == "lower than cont crop" and declared["ft", "crop - cont crop"]["mean"] == pytest.approx(0)
+    assert "minus cont's crop (paired on seeds x windows) (m = 2)" in study.markdown(rows, 3, reports=reports, control="cont")
+    with pytest.raises(ValueError, match=r"--control 'configs/rope_small_cont.py' is not one of the study's configs"):
+        study.parse_args(["configs/rope_small_pi4x.py", "--control", "configs/rope_small_cont.py"])
+
+
 def probes_report(hit):
     """One seed's probes: copy at distance 32 (5 trials), passkey at 64 over 2 depths (3 trials each), all hits = hit;
     an older copy entry without per-trial hits, and MQAR at 32 (4 trials)."""
