@@ -103,16 +103,18 @@ def copy_trials(tokens, docs, L, args, vocab):
         yield d, copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)
 
 
+def per_trial(nll, hits):
+    """Loss and top-1 from per-trial means, and the trials' hits: a study's bootstrap resamples them."""
+    (loss, loss_err), (top1, top1_err) = mean_stderr(nll), mean_stderr(hits)
+    return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(hits),
+                hits=hits.round(4).tolist())
+
+
 def copy_probe(model, tokens, docs, args, vocab):
     """Per distance and method: loss and top-1 on the repeat's tokens 1..segment-1."""
     k = args["segment"]
     for d, rows in copy_trials(tokens, docs, args["train_len"], args, vocab):
-
-        def measure(nll, hit):
-            hits = hit[:, -(k - 1):].mean(axis=1)  # per trial: a study's bootstrap resamples them
-            (loss, loss_err), (top1, top1_err) = mean_stderr(nll[:, -(k - 1):].mean(axis=1)), mean_stderr(hits)
-            return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(rows),
-                        hits=hits.round(4).tolist())
+        measure = lambda nll, hit: per_trial(nll[:, -(k - 1):].mean(axis=1), hit[:, -(k - 1):].mean(axis=1))
         yield from per_method("copy", model, rows, args, tqdm(args["methods"], desc=f"copy d={d}", leave=False),
                               measure, distance=d)
 
@@ -130,11 +132,7 @@ def mqar_probe(model, tokens, docs, args, vocab):
 
         def measure(nll, hit):
             values = mask[:, 1:][:, -nll.shape[1]:]  # the scored targets; crop scores only the last L
-            hits = hit[values].reshape(len(rows), p).mean(axis=1)  # per trial
-            loss, loss_err = mean_stderr(nll[values].reshape(len(rows), p).mean(axis=1))
-            top1, top1_err = mean_stderr(hits)
-            return dict(loss=loss, loss_stderr=loss_err, top1=top1, top1_stderr=top1_err, trials=len(rows),
-                        hits=hits.round(4).tolist())
+            return per_trial(nll[values].reshape(len(rows), p).mean(axis=1), hit[values].reshape(len(rows), p).mean(axis=1))
         yield from per_method("mqar", model, rows, args, tqdm(args["methods"], desc=f"mqar d={d}", leave=False),
                               measure, distance=d)
 
