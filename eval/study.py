@@ -75,7 +75,7 @@ def aggregate(reports):
         row = rows.setdefault(key := (config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
                               train_len=rep["train_len"], per_seed={m: [] for m in METRICS}))
         for m in METRICS:
-            row["per_seed"][m].append(r[m])
+            row["per_seed"][m].append(r.get(m))  # an entry that is not available has none
             units.setdefault((key, m), []).append((r["per_unit"] or {}).get(m))  # None: the entry is not available
     return [dict(row, **{m: spread(units[key, m], f"{' '.join(map(str, key))} {m}") for m in METRICS}) for key, row in rows.items()]
 

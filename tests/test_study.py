@@ -42,6 +42,17 @@ def test_aggregate_is_the_two_way_bootstrap_over_seeds_x_windows():
     assert "loss minus none over the targets past L" not in md  # no row has it: no table
 
 
+def test_a_method_a_run_cannot_apply_is_not_available_in_the_study():
+    # a learned table past its length: extrapolate.py writes the entry with its reason and no metrics
+    unavailable = dict(protocol="windows", method="none", mode=None, eval_len=64, available=False, per_unit=None,
+                       loss=None, loss_beyond_train=None, reason="a learned position table has 32 entries")
+    reports = {"learned_small": [dict(run=f"s{k}", train_len=32, results=[unavailable, entry("crop", loss=[3.0, 3.2])])
+                                 for k in range(2)]}
+    rows = {r["method"]: r for r in study.aggregate(reports)}
+    assert rows["none"]["loss"] is None and rows["none"]["diff_crop"] is None and rows["crop"]["loss"]["mean"] == pytest.approx(3.1)
+    assert "| learned_small | none | n/a |" in study.markdown(list(rows.values()), 2)
+
+
 def test_paired_differences_vary_less_than_the_losses():
     reports = {"rope_small": [fake_report(4.0, 3.5), fake_report(4.2, 3.6), fake_report(4.4, 3.7)]}
     rows = {r["method"]: r for r in study.aggregate(reports)}
