@@ -1,6 +1,7 @@
 """A study: configs x seeds trained and evaluated one at a time (resuming), aggregated into study.{json,md,png} (README.md)."""
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -237,8 +238,12 @@ def log_wandb(study, out, png_path, md):
 
 
 def from_root(path):
-    path = Path(path).resolve()  # relative to the repo root where it lies inside it, else absolute
-    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    """path relative to the repo root where it lies inside it, else absolute; a link inside the root (out/ on another
+    disk) stays as written."""
+    for p in (Path(os.path.abspath(path)), Path(path).resolve()):  # abspath: ".." folded, links kept
+        if p.is_relative_to(ROOT):
+            return str(p.relative_to(ROOT))
+    return str(Path(path).resolve())
 
 
 def parse_args(argv):

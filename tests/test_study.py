@@ -126,6 +126,16 @@ def test_a_control_config_is_paired_with_each_fine_tune_on_seeds_and_windows():
         study.parse_args(["configs/rope_small_pi4x.py", "--control", "configs/rope_small_cont.py"])
 
 
+def test_the_command_names_a_linked_out_folder_as_written(tmp_path, monkeypatch):
+    (root := tmp_path / "repo").mkdir()
+    (elsewhere := tmp_path / "disk").mkdir()
+    (root / "out").symlink_to(elsewhere)
+    monkeypatch.setattr(study, "ROOT", root)
+    monkeypatch.chdir(root)
+    assert study.from_root("out/study") == "out/study" and study.from_root(elsewhere / "x") == str(elsewhere / "x")
+    assert study.from_root("configs/rope_small.py") == "configs/rope_small.py"
+
+
 def probes_report(hit):
     """One seed's probes: copy at distance 32 (5 trials), passkey at 64 over 2 depths (3 trials each), all hits = hit;
     an older copy entry without per-trial hits, and MQAR at 32 (4 trials)."""
