@@ -30,7 +30,7 @@ def parse_args(argv):
             ("distances", "2,4,16", "copy distances, multiples of the training length"),
             ("trials", "100", "copy trials per distance (the same for every run)"),
             ("segment", "16", "tokens in the copied segment"), ("seed", "0", "seed of the trials"),
-            ("betas", "4/1,8/1,16/1,32/1,64/1,32/0.25,32/0.5,32/2,32/4", "YaRN's beta_fast/beta_slow pairs"),
+            ("betas", "4/1,8/1,16/1,64/1,32/0.25,32/0.5,32/2,32/4", "YaRN's beta_fast/beta_slow pairs beside its 32/1"),
             ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", required=True, help="folder for pairs.{json,csv,md,png}")
@@ -59,7 +59,7 @@ def variants(n, s, L):
 
 def yarn_variants(s, L, betas):
     yarn = forward_args("yarn", 0, L, L, s)["rope_scaling"]
-    return {"ntk-by-parts": dict(yarn, attention_factor=1.0),
+    return {"yarn": yarn, "ntk-by-parts": dict(yarn, attention_factor=1.0),
             **{f"yarn beta {f:g}/{b:g}": dict(yarn, beta_fast=f, beta_slow=b) for f, b in betas}}
 
 
@@ -94,7 +94,8 @@ def n_pairs(model):
 
 def measure(models, trial_sets, L, k, betas):
     """(rows, contrasts) over (distance, copy rows) trial sets: per variant its top-1 interval and B_m's first
-    negative distance; per j the paired difference slowest j minus fastest j, decided with Holm."""
+    negative distance; paired differences, decided together with Holm: slowest j minus fastest j for every j, and
+    yarn minus ntk-by-parts (YaRN's temperature on its own frequencies)."""
     n, rows, contrasts = n_pairs(models[0]), [], []
     for d, trials in trial_sets:
         T = trials.shape[1] - 1
@@ -107,11 +108,12 @@ def measure(models, trial_sets, L, k, betas):
             rows.append(dict(variant=name, distance=d, factor=s, top1=c["mean"], lo=c["lo"], hi=c["hi"],
                              bound_negative_at=first_negative(models[0].frequencies(T, scaling)[0], d),
                              hits=hits[name].round(4).tolist()))
-        for j in range(1, n):  # j pairs scaled either way: the slowest (the fast ones kept) or the fastest
-            c = interval(hits[f"slowest {j}"] - hits[f"fastest {j}"])
-            contrasts.append(dict(distance=d, pairs=j, diff=c["mean"], lo=c["lo"], hi=c["hi"], p=c["p"]))
+        # j pairs scaled either way: the slowest (the fast ones kept) or the fastest
+        for a, b in [(f"slowest {j}", f"fastest {j}") for j in range(1, n)] + [("yarn", "ntk-by-parts")]:
+            c = interval(hits[a] - hits[b])
+            contrasts.append(dict(distance=d, contrast=f"{a} - {b}", diff=c["mean"], lo=c["lo"], hi=c["hi"], p=c["p"]))
     for c, reject in zip(contrasts, holm([c["p"] for c in contrasts])):
-        c["decision"] = ("fast kept is better" if c["diff"] > 0 else "slow kept is better") if reject else "undecided"
+        c["decision"] = ("higher" if c["diff"] > 0 else "lower") if reject else "undecided"
     return rows, contrasts
 
 
@@ -147,12 +149,13 @@ def markdown(report):
         rs = [cell[v, d] for d in dists]
         lines.append(f"| {v} | " + " | ".join(f"{r['top1']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]" for r in rs) + " | "
                      + " | ".join(str(r["bound_negative_at"] or "-") for r in rs) + " |")
-    lines += ["", f"Slowest j minus fastest j interpolated (paired: same runs and trials), decided with Holm over all "
-              f"{len(report['contrasts'])} contrasts:\n", "| pairs j | " + " | ".join(head) + " |",
-              "| ---: |" + " ---: |" * len(dists)]
-    for j in range(1, report["pairs"]):
-        cs = {c["distance"]: c for c in report["contrasts"] if c["pairs"] == j}
-        lines.append(f"| {j} | " + " | ".join(f"{cs[d]['diff']:+.2f} [{cs[d]['lo']:+.2f}, {cs[d]['hi']:+.2f}] "
+    lines += ["", f"Paired differences of top-1 (same runs and trials): the slowest j minus the fastest j interpolated "
+              f"(> 0: keeping the fast pairs is better) and YaRN minus ntk-by-parts (> 0: its temperature helps), decided "
+              f"with Holm over all {len(report['contrasts'])}:\n", "| contrast | " + " | ".join(head) + " |",
+              "| --- |" + " ---: |" * len(dists)]
+    for name in dict.fromkeys(c["contrast"] for c in report["contrasts"]):
+        cs = {c["distance"]: c for c in report["contrasts"] if c["contrast"] == name}
+        lines.append(f"| {name} | " + " | ".join(f"{cs[d]['diff']:+.2f} [{cs[d]['lo']:+.2f}, {cs[d]['hi']:+.2f}] "
                                               f"{cs[d]['decision']}" for d in dists) + " |")
     return "\n".join(lines) + "\n"
 
@@ -166,9 +169,8 @@ def plot(report):
             rs = [at[f"fastest {j}"] if j in (0, n) else at[f"{what} {j}"] for j in range(n + 1)]
             ax.plot(range(n + 1), [r["top1"] for r in rs], color=color, marker=".", label=f"the {what} j interpolated")
             ax.fill_between(range(n + 1), [r["lo"] for r in rs], [r["hi"] for r in rs], color=color, alpha=0.2)
-        for i, v in enumerate(("yarn beta 32/1", "ntk-by-parts", "yarn temperature only")):
-            if v in at:
-                ax.axhline(at[v]["top1"], color=f"C{i + 4}", ls="--", lw=1, label=v.replace(" beta 32/1", " (32/1)"))
+        for i, v in enumerate(("yarn", "ntk-by-parts", "yarn temperature only")):
+            ax.axhline(at[v]["top1"], color=f"C{i + 4}", ls="--", lw=1, label=v)
         ax.set(title=f"distance {d} ({d // report['train_len']}x)", xlabel="pairs interpolated j (of the other end kept)")
     axes[0, 0].set_ylabel("copy top-1")
     axes[0, 0].legend(fontsize=7)

@@ -32,22 +32,24 @@ def test_variants_interpolate_only_the_pairs_named():
 
 def test_the_sweep_ends_are_the_probes_none_and_pi_on_the_copier():
     # fastest 0 and fastest 16 go through LongRoPE's per-pair code, none and pi through the plain and linear paths:
-    # on the same trials of the stored copier they must score alike, and yarn 32/1 as the probes' yarn
+    # on the same trials of the stored copier they must score alike, and yarn as the probes' yarn
     torch.manual_seed(0)
     model = model_from_checkpoint(torch.load(COPIER, weights_only=True)).eval()
     L = model.config.block_size
     tokens, docs = np.random.default_rng(0).integers(0, 256, 20_000), np.array([[0, 20_000]])
     args = dict(segment=16, seed=0, distances=[2.0], trials=12, methods=["none", "pi", "yarn"], train_len=L)
     top1 = {r["method"]: r["top1"] for r in probes.copy_probe(model, tokens, docs, args, 256)}
-    rows, contrasts = pairs.measure([model, model], probes.copy_trials(tokens, docs, L, args, 256), L, 16, [(32.0, 1.0)])
+    rows, contrasts = pairs.measure([model, model], probes.copy_trials(tokens, docs, L, args, 256), L, 16, [(8.0, 1.0)])
     by = {r["variant"]: r for r in rows}
     assert by["fastest 0"]["top1"] == pytest.approx(top1["none"], abs=1e-9)
     assert by["fastest 16"]["top1"] == pytest.approx(top1["pi"], abs=1e-9)
-    assert by["yarn beta 32/1"]["top1"] == pytest.approx(top1["yarn"], abs=1e-9)
+    assert by["yarn"]["top1"] == pytest.approx(top1["yarn"], abs=1e-9)
     assert all(r["lo"] <= r["top1"] <= r["hi"] and 0 <= r["lo"] and r["hi"] <= 1 for r in rows)
     # head dim 32, base 1e4: B_m first < 0 at 474 (eval/base_bound.py), past this distance of 128
-    assert by["fastest 0"]["bound_negative_at"] is None and len(contrasts) == 15
-    assert all(c["decision"] in ("fast kept is better", "slow kept is better", "undecided") for c in contrasts)
+    assert by["fastest 0"]["bound_negative_at"] is None and len(contrasts) == 16
+    assert all(c["decision"] in ("higher", "lower", "undecided") for c in contrasts)
+    temperature, = (c for c in contrasts if c["contrast"] == "yarn - ntk-by-parts")  # paired: a difference of means
+    assert temperature["diff"] == pytest.approx(by["yarn"]["top1"] - by["ntk-by-parts"]["top1"], abs=1e-9)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -77,8 +79,8 @@ def test_the_command_writes_its_table_and_figure_for_a_copier(tmp_path, plays):
     config = dict(load_config(["configs/retrieval_small.py"]), dataset=str(data))
     torch.save(dict(torch.load(COPIER, weights_only=True), config=config), run / "ckpt.pt")
     report = pairs.sweep(pairs.parse_args([str(run), "--out", str(tmp_path / "o"), "--trials", "4", "--distances", "2",
-                                           "--betas", "32/1,8/1"]))
-    assert report["inside_top1"][0] >= probes.RETRIEVES and len(report["results"]) == 33 + 3
+                                           "--betas", "4/1,8/1"]))
+    assert report["inside_top1"][0] >= probes.RETRIEVES and len(report["results"]) == 33 + 2 + 2
     assert {p.name for p in (tmp_path / "o").iterdir()} == {"pairs.json", "pairs.csv", "pairs.md", "pairs.png"}
     md = (tmp_path / "o" / "pairs.md").read_text()
-    assert "python eval/pairs.py" in md and "| fastest 0 |" in md and "| yarn beta 8/1 |" in md
+    assert "python eval/pairs.py" in md and "| fastest 0 |" in md and "| yarn beta 8/1 |" in md and "| yarn - ntk-by-parts |" in md
