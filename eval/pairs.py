@@ -108,7 +108,7 @@ def measure(models, trial_sets, L, k, betas):
             rows.append(dict(variant=name, distance=d, factor=s, top1=c["mean"], lo=c["lo"], hi=c["hi"],
                              bound_negative_at=first_negative(models[0].frequencies(T, scaling)[0], d),
                              hits=hits[name].round(4).tolist()))
-        # j pairs scaled either way: the slowest (the fast ones kept) or the fastest
+        # j pairs scaled either way (the slowest: the fast ones kept), and YaRN with and without its temperature
         for a, b in [(f"slowest {j}", f"fastest {j}") for j in range(1, n)] + [("yarn", "ntk-by-parts")]:
             c = interval(hits[a] - hits[b])
             contrasts.append(dict(distance=d, contrast=f"{a} - {b}", diff=c["mean"], lo=c["lo"], hi=c["hi"], p=c["p"]))
