@@ -71,10 +71,11 @@ def copy_hits(model, rows, k, **positions):
 def load_runs(paths, device):
     """The models and their common (training length, data folder); runs that differ are a one-line error."""
     loaded = [load_run(p, device) for p in paths]
-    shared = {(original_len(c), str(d), m.config.n_embd // m.config.n_head, m.config.pos_emb) for m, c, d in loaded}
-    if len(shared) > 1 or next(iter(shared))[3] != "rope":
-        raise ValueError(f"the runs must be RoPE models of one training length, data and head size; got (length, data, "
-                         f"head size, pos_emb) {sorted(shared)}")
+    shared = {(original_len(c), str(d), m.config.n_embd // m.config.n_head, m.config.rope_base, m.config.pos_emb)
+              for m, c, d in loaded}  # "the fastest j pairs" must name the same frequencies in every run
+    if len(shared) > 1 or next(iter(shared))[4] != "rope":
+        raise ValueError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
+                         f"data, head size, base, pos_emb) {sorted(shared)}")
     return [m for m, _, _ in loaded], loaded[0][1], loaded[0][2]
 
 

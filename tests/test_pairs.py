@@ -84,3 +84,14 @@ def test_the_command_writes_its_table_and_figure_for_a_copier(tmp_path, plays):
     assert {p.name for p in (tmp_path / "o").iterdir()} == {"pairs.json", "pairs.csv", "pairs.md", "pairs.png"}
     md = (tmp_path / "o" / "pairs.md").read_text()
     assert "python eval/pairs.py" in md and "| fastest 0 |" in md and "| yarn beta 8/1 |" in md and "| yarn - ntk-by-parts |" in md
+
+
+def test_runs_of_different_bases_are_refused(tmp_path, plays):
+    # "the fastest j pairs" are other frequencies at another base: pooling such runs would average unlike variants
+    ckpt = torch.load(COPIER, weights_only=True)
+    config = dict(ckpt["config"], dataset=str(plays.prepare(vocab_size=257)))
+    for name, base in (("a", 10000.0), ("b", 500.0)):
+        (tmp_path / name).mkdir()
+        torch.save(dict(ckpt, config=config, model_args=dict(ckpt["model_args"], rope_base=base)), tmp_path / name / "ckpt.pt")
+    with pytest.raises(ValueError, match="head size and base"):
+        pairs.load_runs([tmp_path / "a", tmp_path / "b"], "cpu")
