@@ -120,6 +120,15 @@ def test_copy_rows_plant_the_given_text_segments():
     assert rows[1, -3:].tolist() == rows[1, -12:-9].tolist() == [4, 5, 6] and (rows[1, :-12] == MARK).all()
 
 
+def test_text_copy_trials_plant_one_stretch_of_the_text_twice_d_tokens_apart():
+    tokens = np.arange(10_000)  # every stretch of this "text" counts up by one: a planted stretch is recognisable
+    args = dict(segment=8, seed=0, distances=[0.5, 2.0], trials=5, copy_source="text")
+    for d, rows in probes.copy_trials(tokens, np.array([[0, len(tokens)]]), 64, args, 256):
+        first = rows[:, 1:9]
+        assert (rows[:, 1 + d:9 + d] == first).all() and (rows[:, -8:] == first).all()  # the repeat ends the row
+        assert (np.diff(first, axis=1) == 1).all() and (first[:, 0] != rows[:, 0] + 1).any()  # text, not the filler's own
+
+
 def test_an_unknown_retrieval_task_or_copy_source_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="retrieval_task='foo' .* is not one of: copy, mqar"):
         load_config(["--retrieval_task=foo"])
@@ -160,11 +169,3 @@ def test_an_mqar_run_logs_its_accuracy_and_the_probe_writes_its_figure_and_rows(
     rows = [r for r in csv.DictReader((out / "probes.csv").open()) if r["probe"] == "mqar"]
     assert {(r["method"], r["distance"]) for r in rows} == {(m, d) for m in ("none", "crop") for d in ("16", "64")}
 
-
-def test_text_copy_trials_plant_one_stretch_of_the_text_twice_d_tokens_apart():
-    tokens = np.arange(10_000)  # every stretch of this "text" counts up by one: a planted stretch is recognisable
-    args = dict(segment=8, seed=0, distances=[0.5, 2.0], trials=5, copy_source="text")
-    for d, rows in probes.copy_trials(tokens, np.array([[0, len(tokens)]]), 64, args, 256):
-        first = rows[:, 1:9]
-        assert (rows[:, 1 + d:9 + d] == first).all() and (rows[:, -8:] == first).all()  # the repeat ends the row
-        assert (np.diff(first, axis=1) == 1).all() and (first[:, 0] != rows[:, 0] + 1).any()  # text, not the filler's own
