@@ -1,6 +1,7 @@
 """The RoPE base lower bound of Men et al. (NeurIPS 2024, "Base of RoPE Bounds Context Length"): the smallest base whose
 B_m = sum_i cos(m * base^(-2i/d)) stays >= 0 for every distance m up to a context length; with --bases it also writes
-base_bound.{json,png} (B_m against m) into --out (default: the current folder)."""
+base_bound.{json,png} (B_m against m) into --out (default: the current folder), and with --copy, one study folder per
+base, base_bound_copy.png: each base's copy top-1 by distance beside its B_m."""
 import itertools
 import json
 import math
@@ -58,13 +59,16 @@ def parse_args(argv):
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768", help="context lengths")
     p.add_argument("--bases", default=None, help="bases to check and plot, e.g. 500,1e4,1e5,1e6")
     p.add_argument("--out", default=".", help="folder for base_bound.{json,png} (with --bases)")
+    p.add_argument("--copy", nargs="+", default=[], metavar="STUDY", help="a study folder per base (its copy probe)")
     a = p.parse_args(argv)
     if (head_dim := number(a.head_dim, "head_dim", int, 2)) % 2:
         raise ValueError(f"RoPE needs an even head dimension, got --head_dim {head_dim}")
     lengths, bases = parse_list(a.lengths, "lengths", int), parse_list(a.bases, "bases", float) if a.bases else []
     if min(lengths) < 1 or any(not b > 1 for b in bases):
         raise ValueError(f"--lengths must be >= 1 and --bases > 1, got {a.lengths} and {a.bases}")
-    return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out))
+    if a.copy and len(a.copy) != len(bases):
+        raise ValueError(f"--copy needs one study folder per base: {len(bases)} bases, got {len(a.copy)} folders")
+    return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out), copy=[Path(c) for c in a.copy])
 
 
 def plot(head_dim, bases, max_len):
@@ -80,6 +84,36 @@ def plot(head_dim, bases, max_len):
     return png(fig)
 
 
+def copy_top1(study):
+    """[(distance, mean, lo, hi)] of the copy probe's top-1 with no method, from a study folder's study.json."""
+    path = study / "study.json"
+    if not path.is_file():
+        raise ValueError(f"--copy {study}: no study.json there (run eval/study.py with --probe_args including copy)")
+    rows = [r for r in json.loads(path.read_text())["probe_rows"] if r["probe"] == "copy" and r["method"] == "none"]
+    if not rows:
+        raise ValueError(f"--copy {study}: its study has no copy probe rows for the method none")
+    return sorted((r["at"], *(r["value"][k] for k in ("mean", "lo", "hi"))) for r in rows)
+
+
+def plot_copy(head_dim, bases, max_len, copies):
+    """A panel per base: B_m / (d/2) (the mean cosine, on copy top-1's scale) and the copy top-1 with its interval."""
+    fig, axes = pyplot().subplots(1, len(bases), figsize=(3.4 * len(bases), 3.4), sharey=True, squeeze=False)
+    for ax, base, rows in zip(axes[0], bases, copies):
+        ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy() / (head_dim / 2), lw=0.8,
+                color="C0", label="B_m / (d/2)")
+        if m := first_negative(trained_freq(head_dim, base), max_len):
+            ax.axvline(m, color="C0", ls=":", lw=1)
+        at, mean, lo, hi = map(list, zip(*rows))
+        ax.errorbar(at, mean, yerr=[[a - b for a, b in zip(mean, lo)], [b - a for a, b in zip(mean, hi)]], fmt="o",
+                    color="C3", capsize=3, label="copy top-1")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set(title=f"base {base:g}", xlabel="distance m")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"copy top-1 (95% interval) against Men et al.'s B_m, head dim {head_dim}; dotted: first m with B_m < 0",
+                 fontsize=9)
+    return png(fig)
+
+
 def base_bound(args):
     d, max_len = args["head_dim"], max(args["lengths"])
     smallest = {L: smallest_base(d, L) for L in args["lengths"]}
@@ -89,10 +123,15 @@ def base_bound(args):
     fails = {b: first_negative(trained_freq(d, b), max_len) for b in args["bases"]}
     print(*(f"base {b:g}: " + (f"B_m < 0 first at m = {m}" if m else f"B_m >= 0 up to m = {max_len}")
             for b, m in fails.items()), sep="\n")
+    copies = [copy_top1(study) for study in args["copy"]]
     report = dict(head_dim=d, smallest_base={str(L): b for L, b in smallest.items()},
-                  first_negative={f"{b:g}": m for b, m in fails.items()}, max_len=max_len)
-    write_all(args["out"], {"base_bound.png": plot(d, args["bases"], max_len), "base_bound.json": json.dumps(report, indent=1) + "\n"})
-    print(f"-> {args['out']}/base_bound.{{json,png}}")
+                  first_negative={f"{b:g}": m for b, m in fails.items()}, max_len=max_len,
+                  **({"copy_top1": {f"{b:g}": rows for b, rows in zip(args["bases"], copies)}} if copies else {}))
+    files = {"base_bound.png": plot(d, args["bases"], max_len), "base_bound.json": json.dumps(report, indent=1) + "\n"}
+    if copies:
+        files["base_bound_copy.png"] = plot_copy(d, args["bases"], max_len, copies)
+    write_all(args["out"], files)
+    print(f"-> {args['out']}/{', '.join(files)}")
     return report
 
 

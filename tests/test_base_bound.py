@@ -1,4 +1,5 @@
 """eval/base_bound.py: Men et al.'s B_m, where it first fails, the smallest base and the command, against hand computations."""
+import json
 import math
 import subprocess
 import sys
@@ -62,6 +63,26 @@ def test_base_bound_command_prints_the_smallest_base(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "context 256: smallest base 2.2e+03" in out.stdout and "base 500: B_m < 0 first at m = 103" in out.stdout
     assert (tmp_path / "base_bound.png").exists() and (tmp_path / "base_bound.json").exists()
+
+
+def test_copy_reads_each_study_and_draws_it_beside_its_base(tmp_path):
+    # a study.json as eval/study.py writes it: the copy probe's none rows are kept, other probes and methods are not
+    row = lambda probe, method, at, mean: dict(config="c", probe=probe, method=method, at=at, train_len=64,
+                                               value=dict(mean=mean, lo=mean - 0.1, hi=mean + 0.1, p=0.0))
+    for name, rows in [("s500", [row("copy", "none", 256, 0.1), row("copy", "none", 64, 0.9), row("copy", "yarn", 64, 0.5)]),
+                       ("s1e6", [row("copy", "none", 64, 0.8), row("mqar", "none", 64, 0.7)])]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "study.json").write_text(json.dumps({"probe_rows": rows}))
+    cmd = [sys.executable, "eval/base_bound.py", "--head_dim", "32", "--lengths", "512", "--bases", "500,1e6",
+           "--out", str(tmp_path), "--copy", str(tmp_path / "s500")]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 1 and "one study folder per base: 2 bases, got 1" in out.stderr
+    out = subprocess.run(cmd + [str(tmp_path / "s1e6")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "base_bound.json").read_text())
+    assert report["copy_top1"] == {"500": [[64, 0.9, pytest.approx(0.8), 1.0], [256, 0.1, 0.0, pytest.approx(0.2)]],
+                                   "1e+06": [[64, 0.8, pytest.approx(0.7), pytest.approx(0.9)]]}
+    assert (tmp_path / "base_bound_copy.png").stat().st_size > 0
 
 
 def test_the_grid_starts_at_lowest_and_has_two_significant_digits():
