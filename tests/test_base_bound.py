@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from eval.base_bound import base_bound_curve, first_negative, smallest_base, trained_freq
+from eval.base_bound import base_bound, base_bound_curve, first_negative, parse_args, smallest_base, trained_freq
 
 BASE = 10000.0
 
@@ -73,12 +73,12 @@ def test_copy_reads_each_study_and_draws_it_beside_its_base(tmp_path):
                        ("s1e6", [row("copy", "none", 64, 0.8), row("mqar", "none", 64, 0.7)])]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "study.json").write_text(json.dumps({"probe_rows": rows}))
-    cmd = [sys.executable, "eval/base_bound.py", "--head_dim", "32", "--lengths", "512", "--bases", "500,1e6",
-           "--out", str(tmp_path), "--copy", str(tmp_path / "s500")]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 1 and "one study folder per base: 2 bases, got 1" in out.stderr
-    out = subprocess.run(cmd + [str(tmp_path / "s1e6")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    argv = ["--head_dim", "32", "--lengths", "512", "--bases", "500,1e6", "--out", str(tmp_path), "--copy", str(tmp_path / "s500")]
+    with pytest.raises(ValueError, match="one study folder per base: 2 bases, got 1"):
+        parse_args(argv)
+    with pytest.raises(ValueError, match="no study.json there"):
+        base_bound(parse_args(argv + [str(tmp_path)]))
+    base_bound(parse_args(argv + [str(tmp_path / "s1e6")]))
     report = json.loads((tmp_path / "base_bound.json").read_text())
     assert report["copy_top1"] == {"500": [[64, 0.9, pytest.approx(0.8), 1.0], [256, 0.1, 0.0, pytest.approx(0.2)]],
                                    "1e+06": [[64, 0.8, pytest.approx(0.7), pytest.approx(0.9)]]}
