@@ -71,12 +71,17 @@ def parse_args(argv):
     return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out), copy=[Path(c) for c in a.copy])
 
 
-def plot(head_dim, bases, max_len):
+def draw_bound(ax, head_dim, base, max_len, first, color, label, scale=1.0):
+    """B_m (times scale) against m, dotted where it first goes negative (first: first_negative's answer)."""
+    ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy() * scale, lw=1, color=color, label=label)
+    if first:
+        ax.axvline(first, color=color, ls=":", lw=1)
+
+
+def plot(head_dim, bases, max_len, fails):
     fig, ax = pyplot().subplots(figsize=(8, 4))
     for i, base in enumerate(bases):
-        ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy(), lw=1, color=f"C{i}", label=f"base {base:g}")
-        if m := first_negative(trained_freq(head_dim, base), max_len):
-            ax.axvline(m, color=f"C{i}", ls=":", lw=1)
+        draw_bound(ax, head_dim, base, max_len, fails[base], f"C{i}", f"base {base:g}")
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xscale="log", xlabel="relative distance m", ylabel="B_m", title=f"Men et al.'s B_m, head dim {head_dim}; "
            "dotted: first m with B_m < 0")
@@ -95,14 +100,11 @@ def copy_top1(study):
     return sorted((r["at"], *(r["value"][k] for k in ("mean", "lo", "hi"))) for r in rows)
 
 
-def plot_copy(head_dim, bases, max_len, copies):
+def plot_copy(head_dim, bases, max_len, fails, copies):
     """A panel per base: B_m / (d/2) (the mean cosine, on copy top-1's scale) and the copy top-1 with its interval."""
     fig, axes = pyplot().subplots(1, len(bases), figsize=(3.4 * len(bases), 3.4), sharey=True, squeeze=False)
     for ax, base, rows in zip(axes[0], bases, copies):
-        ax.plot(range(max_len + 1), base_bound_curve(head_dim, base, max_len).numpy() / (head_dim / 2), lw=0.8,
-                color="C0", label="B_m / (d/2)")
-        if m := first_negative(trained_freq(head_dim, base), max_len):
-            ax.axvline(m, color="C0", ls=":", lw=1)
+        draw_bound(ax, head_dim, base, max_len, fails[base], "C0", "B_m / (d/2)", scale=2 / head_dim)
         at, mean, lo, hi = map(list, zip(*rows))
         ax.errorbar(at, mean, yerr=[[a - b for a, b in zip(mean, lo)], [b - a for a, b in zip(mean, hi)]], fmt="o",
                     color="C3", capsize=3, label="copy top-1")
@@ -127,9 +129,9 @@ def base_bound(args):
     report = dict(head_dim=d, smallest_base={str(L): b for L, b in smallest.items()},
                   first_negative={f"{b:g}": m for b, m in fails.items()}, max_len=max_len,
                   **({"copy_top1": {f"{b:g}": rows for b, rows in zip(args["bases"], copies)}} if copies else {}))
-    files = {"base_bound.png": plot(d, args["bases"], max_len), "base_bound.json": json.dumps(report, indent=1) + "\n"}
+    files = {"base_bound.png": plot(d, args["bases"], max_len, fails), "base_bound.json": json.dumps(report, indent=1) + "\n"}
     if copies:
-        files["base_bound_copy.png"] = plot_copy(d, args["bases"], max_len, copies)
+        files["base_bound_copy.png"] = plot_copy(d, args["bases"], max_len, fails, copies)
     write_all(args["out"], files)
     print(f"-> {args['out']}/{', '.join(files)}")
     return report
