@@ -17,7 +17,7 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.dataset import get_rows, load_meta, load_split, shakespeare_vocab
+from data.dataset import builtin, get_rows, load_meta, load_split
 from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_vocab
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
@@ -180,9 +180,8 @@ def train(config):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         folder = data_dir(config["dataset"])
-        if master and shakespeare_vocab(config["dataset"]) and not (folder / "meta.json").exists():  # before the others look
+        if master and (prepare := builtin(config["dataset"])) and not (folder / "meta.json").exists():  # before the others look
             print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
-            from data.shakespeare.prepare import prepare
             prepare(config["dataset"])
         if ddp:
             torch.distributed.barrier()

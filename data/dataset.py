@@ -150,8 +150,21 @@ def shakespeare_vocab(name):
     return SHAKESPEARE.get(name) or (int(v) if v != name and v.isdecimal() else None)
 
 
+def builtin(name):
+    """The prepare function of a built-in corpus (prepared on first use), else None."""
+    if shakespeare_vocab(name):
+        from data.shakespeare.prepare import prepare
+        return prepare
+    if name == "sympy":
+        from data.sympy.prepare import prepare
+        return prepare
+    return None
+
+
 def prepare_command(data_dir):
     name = Path(data_dir).name
+    if name == "sympy":
+        return "python data/sympy/prepare.py"
     if vocab := shakespeare_vocab(name):
         return "python data/shakespeare/prepare.py" + {VOCAB_SIZE: "", 257: " --bytes"}.get(vocab, f" --vocab_size {vocab}")
     return f"python data/text/prepare.py <source> --name {name}"

