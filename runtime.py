@@ -16,6 +16,10 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
 
 
+class UserError(ValueError):
+    """Bad input from the user (an option, a config, a file): run_cli prints it as one line. A bug keeps its traceback."""
+
+
 def run_cli(prog, fn, *args):
     """fn(*args), with an expected failure (ValueError, OSError) as `prog: error: <one line>`, exit 1."""
     try:
