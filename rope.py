@@ -174,6 +174,29 @@ def rotating_pairs(head_dim, fraction):
     return n
 
 
+def trained_freq(head_dim, base, fraction=None):
+    """The frequencies a model trains with (float64); fraction (p-RoPE): only the highest pairs rotate, the others 0."""
+    inv_freq = default_inv_freq(head_dim, base)
+    inv_freq[rotating_pairs(head_dim, fraction):] = 0
+    return inv_freq
+
+
+def bound_curve(inv_freq, max_len, start=0):
+    """B_m = sum_i cos(m theta_i) for m = start .. max_len (float64), of any frequencies: a scaling method's too."""
+    # B_m < 0: attention no longer prefers a key similar to the query at distance m (docs/methodology.md, base bound)
+    return torch.cos(torch.arange(start, max_len + 1, dtype=torch.float64)[:, None] * inv_freq.double()).sum(-1)
+
+
+def first_negative(inv_freq, max_len):
+    """The first distance m in 1 .. max_len with B_m < 0, or None. In doubling chunks: most bases of a scan fail early."""
+    start, size = 1, 256
+    while start <= max_len:
+        negative = (bound_curve(inv_freq, min(start + size - 1, max_len), start) < 0).nonzero()
+        if len(negative):
+            return start + int(negative[0])
+        start, size = start + size, 2 * size
+
+
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict.
     seq_len is the length of the sequence being processed; `dynamic` and `longrope` use it. A "rope_theta" in the dict

@@ -21,8 +21,7 @@ from data.dataset import builtin, get_rows, load_meta, load_split
 from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_vocab
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
-from eval.base_bound import first_negative, trained_freq
-from rope import scaling_type
+from rope import first_negative, scaling_type, trained_freq
 from runtime import autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device, run_cli, write_atomic
 
 # ----------------------------------------------------------------------------- training
@@ -43,7 +42,7 @@ def base_bound_note(cfg, eval_multiple=16):
         reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
         fraction = f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else ""
         return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: B_m < 0 "
-                f"from distance {m}, head dim {head_dim}{fraction} (python eval/base_bound.py --head_dim {head_dim})")
+                f"from distance {m}, head dim {head_dim}{fraction} (python lab/base_bound.py --head_dim {head_dim})")
 
 
 def start_checkpoint(config, meta, device):

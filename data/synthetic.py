@@ -1,6 +1,6 @@
 """Synthetic retrieval sequences: random tokens repeated `distance` tokens later, or key-value pairs recalled (MQAR).
 Mixed into training batches (train.py's retrieval_mix, retrieval_task) they teach a small model to copy (an induction
-head); eval/probes.py asks how far it still copies."""
+head); lab/probes.py asks how far it still copies."""
 import numpy as np
 
 

@@ -8,39 +8,15 @@ import math
 import sys
 from pathlib import Path
 
-import torch
 
 from eval.report import png, pyplot, write_all
-from rope import default_inv_freq, rotating_pairs
+from rope import bound_curve, first_negative, trained_freq
 from runtime import arg_parser, number, parse_list, run_cli
-
-
-def trained_freq(head_dim, base, fraction=None):
-    """The frequencies a model trains with (float64); fraction (p-RoPE): only the highest pairs rotate, the others 0."""
-    inv_freq = default_inv_freq(head_dim, base)
-    inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return inv_freq
-
-
-def bound_curve(inv_freq, max_len, start=0):
-    """B_m = sum_i cos(m theta_i) for m = start .. max_len (float64), of any frequencies: a scaling method's too."""
-    # B_m < 0: attention no longer prefers a key similar to the query at distance m (docs/methodology.md, base bound)
-    return torch.cos(torch.arange(start, max_len + 1, dtype=torch.float64)[:, None] * inv_freq.double()).sum(-1)
 
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
     """B_m for m = start .. max_len at the trained frequencies; an unrotated pair (p-RoPE) adds 1."""
     return bound_curve(trained_freq(head_dim, base, fraction), max_len, start)
-
-
-def first_negative(inv_freq, max_len):
-    """The first distance m in 1 .. max_len with B_m < 0, or None. In doubling chunks: most bases of a scan fail early."""
-    start, size = 1, 256
-    while start <= max_len:
-        negative = (bound_curve(inv_freq, min(start + size - 1, max_len), start) < 0).nonzero()
-        if len(negative):
-            return start + int(negative[0])
-        start, size = start + size, 2 * size
 
 
 def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
@@ -93,7 +69,7 @@ def copy_top1(study):
     """[(distance, mean, lo, hi)] of the copy probe's top-1 with no method, from a study folder's study.json."""
     path = study / "study.json"
     if not path.is_file():
-        raise ValueError(f"--copy {study}: no study.json there (run eval/study.py with --probe_args including copy)")
+        raise ValueError(f"--copy {study}: no study.json there (run lab/study.py with --probe_args including copy)")
     rows = [r for r in json.loads(path.read_text())["probe_rows"] if r["probe"] == "copy" and r["method"] == "none"]
     if not rows:
         raise ValueError(f"--copy {study}: its study has no copy probe rows for the method none")

@@ -1,5 +1,5 @@
 """Training curves of runs from the log.jsonl train.py appends at every evaluation: the validation loss and, for runs
-trained with retrieval_mix, the copy top-1 inside the training length: `python eval/curves.py RUN_DIR... [--out curves.png]`."""
+trained with retrieval_mix, the copy top-1 inside the training length: `python lab/curves.py RUN_DIR... [--out curves.png]`."""
 import json
 from pathlib import Path
 

@@ -2,7 +2,7 @@
 one length on one dataset), the copy probe's top-1 with only the k fastest or only the k slowest pairs interpolated
 by the length's factor, YaRN with other ramp bounds (beta_fast / beta_slow) and YaRN's temperature without its
 frequencies; beside each, the first distance where Men et al.'s B_m is negative on the frequencies it uses. Writes
-pairs.{json,csv,md,png} into --out; intervals: eval/stats.py's bootstrap over runs and trials. docs/experiments.md."""
+pairs.{json,csv,md,png} into --out; intervals: lab/stats.py's bootstrap over runs and trials. docs/experiments.md."""
 import sys
 from pathlib import Path
 
@@ -11,13 +11,12 @@ from tqdm import tqdm
 
 from data.dataset import load_split
 from data.synthetic import random_vocab
-from eval.base_bound import first_negative
 from eval.methods import forward_args, method_factor, original_len
-from eval.probes import RETRIEVES, copy_trials
+from lab.probes import RETRIEVES, copy_trials
 from eval.report import json_csv, png, pyplot, write_all
 from eval.score import load_run, score_rows
-from eval.stats import LEVEL, holm, interval
-from rope import yarn_attention_factor
+from lab.stats import LEVEL, holm, interval
+from rope import first_negative, yarn_attention_factor
 from runtime import arg_parser, number, parse_list, pick_device, run_cli
 
 CSV_FIELDS = ("variant", "distance", "factor", "top1", "lo", "hi", "bound_negative_at")
@@ -44,7 +43,7 @@ def parse_args(argv):
     return dict(runs=[Path(r) for r in a.runs], out=Path(a.out), device=pick_device(a.device), distances=distances,
                 trials=number(a.trials, "trials", int, 2), segment=number(a.segment, "segment", int, 2),
                 seed=number(a.seed, "seed", int, 0), betas=betas, copy_source="random",
-                command=" ".join(["python eval/pairs.py", *argv]))
+                command=" ".join(["python lab/pairs.py", *argv]))
 
 
 def variants(n, s, L):

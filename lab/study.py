@@ -11,9 +11,9 @@ import numpy as np
 
 from eval.compare import load_report
 from eval.extrapolate import parse_args as eval_options
-from eval.probes import parse_args as probe_options
+from lab.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
-from eval.stats import LEVEL, holm, interval
+from lab.stats import LEVEL, holm, interval
 from runtime import ROOT, arg_parser, init_wandb, load_checkpoint, number, run_cli
 from config import load_config
 
@@ -52,7 +52,7 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None):
         print(f"study: {name}: trained and evaluated already")
     rep = (run_dir / "probes.json").is_file() and json.loads((run_dir / "probes.json").read_text())
     if probe_args is not None and (not rep or (rep["checkpoint_iter"], rep["options"]) != (done[0], probe_args)):
-        step(f"probe {name}", [sys.executable, str(ROOT / "eval" / "probes.py"), str(run_dir), *probe_args])
+        step(f"probe {name}", [sys.executable, str(ROOT / "lab" / "probes.py"), str(run_dir), *probe_args])
     return run_dir
 
 
@@ -248,12 +248,12 @@ def from_root(path):
 
 def parse_args(argv):
     p = arg_parser(__doc__)
-    p.add_argument("configs", nargs="+", help="config files (configs/*.py)")
+    p.add_argument("configs", nargs="+", help="config files (configs/*.py, lab/configs/*.py)")
     for name, default, text in (
             ("seeds", "3", "seeds per config"), ("out", "out/study", "the study's folder"),
             ("train_args", "", "options for every train.py run ({seed}: the seed)"),
             ("eval_args", "", "options for every eval/extrapolate.py run"),
-            ("probe_args", None, "options for eval/probes.py ('' for its defaults; not given: no probes)"),
+            ("probe_args", None, "options for lab/probes.py ('' for its defaults; not given: no probes)"),
             ("control", None, "one of the configs: every other config's methods against its crop past L (a matched control)"),
             ("wandb_log", "true", "true | false")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
@@ -275,7 +275,7 @@ def parse_args(argv):
         except ValueError as e:
             raise ValueError(f"--{name}: {e}") from None
     given = dict(vars(a), configs=None, out=from_root(a.out))  # the options that differ from their defaults
-    args["command"] = shlex.join(["python", "eval/study.py", *map(from_root, a.configs),
+    args["command"] = shlex.join(["python", "lab/study.py", *map(from_root, a.configs),
                                   *(f"--{k}={v}" for k, v in given.items() if v != p.get_default(k))])
     return args
 

@@ -1,4 +1,4 @@
-"""eval/base_bound.py: Men et al.'s B_m, where it first fails, the smallest base and the command, against hand computations."""
+"""lab/base_bound.py: Men et al.'s B_m, where it first fails, the smallest base and the command, against hand computations."""
 import json
 import math
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from eval.base_bound import base_bound, base_bound_curve, first_negative, parse_args, smallest_base, trained_freq
+from lab.base_bound import base_bound, base_bound_curve, first_negative, parse_args, smallest_base, trained_freq
 
 BASE = 10000.0
 
@@ -58,7 +58,7 @@ def test_base_bound_by_hand():
 
 
 def test_base_bound_command_prints_the_smallest_base(tmp_path):
-    out = subprocess.run([sys.executable, "eval/base_bound.py", "--head_dim", "32", "--lengths", "256",
+    out = subprocess.run([sys.executable, "lab/base_bound.py", "--head_dim", "32", "--lengths", "256",
                           "--bases", "500,1e4", "--out", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "context 256: smallest base 2.2e+03" in out.stdout and "base 500: B_m < 0 first at m = 103" in out.stdout
@@ -66,7 +66,7 @@ def test_base_bound_command_prints_the_smallest_base(tmp_path):
 
 
 def test_copy_reads_each_study_and_draws_it_beside_its_base(tmp_path):
-    # a study.json as eval/study.py writes it: the copy probe's none rows are kept, other probes and methods are not
+    # a study.json as lab/study.py writes it: the copy probe's none rows are kept, other probes and methods are not
     row = lambda probe, method, at, mean: dict(config="c", probe=probe, method=method, at=at, train_len=64,
                                                value=dict(mean=mean, lo=mean - 0.1, hi=mean + 0.1, p=0.0))
     for name, rows in [("s500", [row("copy", "none", 256, 0.1), row("copy", "none", 64, 0.9), row("copy", "yarn", 64, 0.5)]),
@@ -94,5 +94,5 @@ def test_the_grid_starts_at_lowest_and_has_two_significant_digits():
 
 
 def test_base_bound_bad_input_is_one_line():
-    out = subprocess.run([sys.executable, "eval/base_bound.py", "--head_dim", "33"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "lab/base_bound.py", "--head_dim", "33"], capture_output=True, text=True)
     assert out.returncode == 1 and "even head dimension" in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -1,4 +1,4 @@
-"""eval/context.py: the fixed-target context sweep, on tiny trained runs, against forwards computed here."""
+"""lab/context.py: the fixed-target context sweep, on tiny trained runs, against forwards computed here."""
 import json
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 import train
 from data.dataset import doc_windows, load_split
-from eval import context
+from lab import context
 from eval.score import load_run
 
 L, M = 32, 4  # training length of the tiny runs; default targets L // 8

@@ -408,7 +408,7 @@ def test_a_fine_tuned_run_is_scored_from_its_original_length(rope_run, dataset, 
     by = {(r["method"], r["eval_len"]): r for r in report["results"]}
     assert by["pi", 4 * L]["factor"] == 4 and report["crop_context"] == [2 * L - 2 * L // 8 + 1, 2 * L]
     assert by["crop", 2 * L]["loss"] == pytest.approx(by["none", 2 * L]["loss"], abs=1e-6)  # nothing cropped up to 2L
-    from eval import probes  # its copy distances are multiples of the original length too: the zero-shot run's trials
+    from lab import probes  # its copy distances are multiples of the original length too: the zero-shot run's trials
     rep = probes.probes(probes.parse_args([str(tuned), "--out", str(tmp_path_factory.mktemp("ft_probes")), "--probes",
                                            "copy", "--distances", "0.5,4", "--methods", "none,crop", "--trials", "2",
                                            "--segment", "4", "--no-wandb"]))
@@ -457,7 +457,7 @@ def test_compare_refuses_a_run_with_nothing_to_compare(report, tmp_path):
 def test_curves_of_an_empty_log_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.jsonl").write_text("\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "eval" / "curves.py"), str(tmp_path / "run"), "--out",
+    proc = subprocess.run([sys.executable, str(ROOT / "lab" / "curves.py"), str(tmp_path / "run"), "--out",
                            str(tmp_path / "curves.png")], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"curves.py: error: {tmp_path / 'run' / 'log.jsonl'} is empty: no evaluation logged yet; train.py appends one "

@@ -12,7 +12,7 @@ import torch
 from config import DEFAULTS, load_config
 from data.dataset import get_rows
 from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, mqar_rows
-from eval import probes
+from lab import probes
 from runtime import model_from_checkpoint
 from tests.test_probes import COPIER
 from train import mix_synthetic
@@ -133,7 +133,7 @@ def test_an_unknown_retrieval_task_or_copy_source_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="retrieval_task='foo' .* is not one of: copy, mqar"):
         load_config(["--retrieval_task=foo"])
     for cmd, message in ((["train.py", "--retrieval_task=foo"], "not one of: copy, mqar"),
-                         (["eval/probes.py", str(tmp_path), "--copy_source", "bytes"], "not one of: random, text")):
+                         (["lab/probes.py", str(tmp_path), "--copy_source", "bytes"], "not one of: random, text")):
         out = subprocess.run([sys.executable, *cmd], capture_output=True, text=True)
         assert out.returncode == 1 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 

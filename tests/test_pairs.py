@@ -1,4 +1,4 @@
-"""eval/pairs.py: which frequency pairs carry copying; the variants against hand-computed frequencies and against the
+"""lab/pairs.py: which frequency pairs carry copying; the variants against hand-computed frequencies and against the
 probes' own methods on the stored copier, and the command's outputs and errors."""
 import math
 import subprocess
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval import pairs, probes
+from lab import pairs, probes
 from model import GPT, GPTConfig
 from runtime import model_from_checkpoint
 from tests.test_probes import COPIER
@@ -45,7 +45,7 @@ def test_the_sweep_ends_are_the_probes_none_and_pi_on_the_copier():
     assert by["fastest 16"]["top1"] == pytest.approx(top1["pi"], abs=1e-9)
     assert by["yarn"]["top1"] == pytest.approx(top1["yarn"], abs=1e-9)
     assert all(r["lo"] <= r["top1"] <= r["hi"] and 0 <= r["lo"] and r["hi"] <= 1 for r in rows)
-    # head dim 32, base 1e4: B_m first < 0 at 474 (eval/base_bound.py), past this distance of 128
+    # head dim 32, base 1e4: B_m first < 0 at 474 (lab/base_bound.py), past this distance of 128
     assert by["fastest 0"]["bound_negative_at"] is None and len(contrasts) == 16
     assert all(c["decision"] in ("higher", "lower", "undecided") for c in contrasts)
     temperature, = (c for c in contrasts if c["contrast"] == "yarn - ntk-by-parts")  # paired: a difference of means
@@ -58,7 +58,7 @@ def test_the_sweep_ends_are_the_probes_none_and_pi_on_the_copier():
     (["--betas", "32/x"], "is not a number"),
 ])
 def test_pairs_bad_input_is_one_line(tmp_path, args, message):
-    out = subprocess.run([sys.executable, "eval/pairs.py", str(tmp_path), "--out", str(tmp_path / "o"), *args],
+    out = subprocess.run([sys.executable, "lab/pairs.py", str(tmp_path), "--out", str(tmp_path / "o"), *args],
                          capture_output=True, text=True)
     assert out.returncode == 1 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
@@ -66,7 +66,7 @@ def test_pairs_bad_input_is_one_line(tmp_path, args, message):
 def test_a_run_that_does_not_copy_is_refused_and_nothing_is_written(tmp_path_factory, dataset, tmp_path):
     from tests.test_eval import trained
     run_dir = trained(tmp_path_factory, dataset, "retrieval", retrieval_mix=0.5, retrieval_segment=4, retrieval_vocab=16)
-    out = subprocess.run([sys.executable, "eval/pairs.py", str(run_dir), "--out", str(tmp_path / "o"), "--trials", "2",
+    out = subprocess.run([sys.executable, "lab/pairs.py", str(run_dir), "--out", str(tmp_path / "o"), "--trials", "2",
                           "--segment", "4", "--distances", "2"], capture_output=True, text=True)
     assert out.returncode == 1 and "do not copy" in out.stderr and not (tmp_path / "o").exists()
 
@@ -76,14 +76,14 @@ def test_the_command_writes_its_table_and_figure_for_a_copier(tmp_path, plays):
     data = plays.prepare(vocab_size=257)  # a byte corpus of six small "plays"
     run = tmp_path / "copier"
     run.mkdir()
-    config = dict(load_config(["configs/retrieval_small.py"]), dataset=str(data))
+    config = dict(load_config(["lab/configs/retrieval_small.py"]), dataset=str(data))
     torch.save(dict(torch.load(COPIER, weights_only=True), config=config), run / "ckpt.pt")
     report = pairs.sweep(pairs.parse_args([str(run), "--out", str(tmp_path / "o"), "--trials", "4", "--distances", "2",
                                            "--betas", "4/1,8/1"]))
     assert report["inside_top1"][0] >= probes.RETRIEVES and len(report["results"]) == 33 + 2 + 2
     assert {p.name for p in (tmp_path / "o").iterdir()} == {"pairs.json", "pairs.csv", "pairs.md", "pairs.png"}
     md = (tmp_path / "o" / "pairs.md").read_text()
-    assert "python eval/pairs.py" in md and "| fastest 0 |" in md and "| yarn beta 8/1 |" in md and "| yarn - ntk-by-parts |" in md
+    assert "python lab/pairs.py" in md and "| fastest 0 |" in md and "| yarn beta 8/1 |" in md and "| yarn - ntk-by-parts |" in md
 
 
 def test_runs_of_different_bases_are_refused(tmp_path, plays):

@@ -11,9 +11,9 @@ import torch
 
 from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_chunk_row, copy_rows, mix_copies, passkey_row, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
-from eval import probes
-from eval.base_bound import first_negative, smallest_base, trained_freq
-from eval.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
+from lab import probes
+from lab.base_bound import first_negative, smallest_base, trained_freq
+from lab.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig, visible
 from rope import apply_rope
 from runtime import model_from_checkpoint
@@ -67,8 +67,8 @@ def test_mix_copies_replaces_the_fraction_of_rows():
     assert (rows[:4] < 100).all() and (rows[4:] == 5000).all()
 
 
-# `python train.py configs/retrieval_small.py --max_iters=16000` (seed 1337): its weights, config and iteration, the optimizer
-# state dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "Probes"; eval/pairs.py runs on it)
+# `python train.py lab/configs/retrieval_small.py --max_iters=16000` (seed 1337): its weights, config and iteration, the optimizer
+# state dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "Probes"; lab/pairs.py runs on it)
 COPIER = Path(__file__).parent / "assets" / "copier.pt"
 
 
@@ -125,7 +125,7 @@ def test_turn_counts_match_the_closed_form():
     assert all(k == "interpolated" for k, t in zip(kinds, turns) if t < 1)
     assert "blended" in kinds
     assert pair_kind(0.5, 2.0) == "interpolated" and pair_kind(0.7, 2.0) == "blended"
-    # B_m on the frequencies used: head dim 32, base 1e4 first fails at 474 (eval/base_bound.py), inside 1024;
+    # B_m on the frequencies used: head dim 32, base 1e4 first fails at 474 (lab/base_bound.py), inside 1024;
     # PI at factor 4 divides every frequency by 4, so B_m(m) = B_(m/4) of the trained ones: first failing at 4 * 474
     m = next(m for m in range(1, 4000) if sum(math.cos(m * t) for t in theta) < 0)
     assert (m, by["none"]["bound_negative_at"], by["pi"]["bound_negative_at"]) == (474, 474, None)
@@ -159,7 +159,7 @@ def test_pairs_scale_only_the_pairs_given_a_factor():
     (["--methods", "none,bogus"], "unknown --methods bogus"),
 ])
 def test_probes_bad_input_is_one_line(tmp_path, args, message):
-    out = subprocess.run([sys.executable, "eval/probes.py", str(tmp_path), *args], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "lab/probes.py", str(tmp_path), *args], capture_output=True, text=True)
     assert out.returncode == 1 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
@@ -225,7 +225,7 @@ def test_a_learned_table_gets_only_crop_past_its_length(tmp_path_factory, datase
 
 def test_train_start_up_note_names_where_the_bound_fails_and_counts_p_rope_unrotated_pairs():
     from train import base_bound_note
-    # head dim 32, base 1e4: B_m first < 0 at m = 474 (eval/base_bound.py's table), inside 16 x 256
+    # head dim 32, base 1e4: B_m first < 0 at m = 474 (lab/base_bound.py's table), inside 16 x 256
     assert "from distance 474" in base_bound_note(GPTConfig(vocab_size=10))
     assert "from distance 3478" in base_bound_note(GPTConfig(vocab_size=10, rope_base=1e6))
     assert base_bound_note(GPTConfig(vocab_size=10, rope_base=smallest_base(32, 4096))) is None

@@ -1,10 +1,10 @@
-"""eval/stats.py against cases worked out by hand and by enumerating every resample."""
+"""lab/stats.py against cases worked out by hand and by enumerating every resample."""
 import itertools
 
 import numpy as np
 import pytest
 
-from eval.stats import bootstrap, holm, interval
+from lab.stats import bootstrap, holm, interval
 
 
 def test_one_seed_two_windows_by_hand():
