@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from runtime import autocast, number, peak_flops, pick_device, run_cli
+from runtime import UserError, autocast, number, peak_flops, pick_device, run_cli
 from config import load_config, model_config
 
 OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
@@ -66,7 +66,7 @@ def bench(argv):
 def versus_nanogpt(root, blocks):
     path = root / "model.py"
     if not path.is_file():
-        raise ValueError(f"--nanogpt={root}: no model.py there; give a checkout of karpathy/nanoGPT")
+        raise UserError(f"--nanogpt={root}: no model.py there; give a checkout of karpathy/nanoGPT")
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     nano = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nano)

@@ -5,6 +5,7 @@ from pathlib import Path
 from types import ModuleType
 
 from model import GPTConfig
+from runtime import UserError, gpt_config
 
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # vocab_size comes from the data
 
@@ -34,17 +35,17 @@ POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_
 
 def set_key(config, key, value, source):
     if key not in DEFAULTS:
-        raise ValueError(f"unknown config key {key!r} (from {source}); the keys are "
+        raise UserError(f"unknown config key {key!r} (from {source}); the keys are "
                          "DEFAULTS in config.py and GPTConfig's fields in model.py")
     default = DEFAULTS[key]
     if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)):
-        raise ValueError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
+        raise UserError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
     if type(default) in (int, float) and not value >= (1 if key in POSITIVE else 0):  # `not >=` also catches nan
-        raise ValueError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
+        raise UserError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
     if key in CHOICES and value not in CHOICES[key]:
-        raise ValueError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
+        raise UserError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
     if key == "retrieval_mix" and value > 1:
-        raise ValueError(f"retrieval_mix={value!r} (from {source}) is a fraction of each batch: use 0..1")
+        raise UserError(f"retrieval_mix={value!r} (from {source}) is a fraction of each batch: use 0..1")
     config[key] = float(value) if type(default) is float else value
 
 
@@ -54,7 +55,7 @@ def load_config(argv):
         if arg.startswith("--"):
             key, eq, text = arg[2:].partition("=")
             if not eq:
-                raise ValueError(f"expected --key=value, got {arg!r}")
+                raise UserError(f"expected --key=value, got {arg!r}")
             try:
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
@@ -66,17 +67,17 @@ def load_config(argv):
             try:
                 exec(compile(Path(arg).read_text(), arg, "exec"), namespace := {})
             except Exception as e:  # whatever a config file raises, it is that file's error
-                raise ValueError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
+                raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
             for key, value in namespace.items():
                 if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
-        raise ValueError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
+        raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
                          f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
     return config
 
 
 def model_config(config, vocab_size):
-    return GPTConfig(vocab_size=vocab_size, **{k: config[k] for k in MODEL_KEYS})
+    return gpt_config(dict(vocab_size=vocab_size, **{k: config[k] for k in MODEL_KEYS}))

@@ -5,6 +5,7 @@ Barbero et al. 2024; NoPE layers interleaved and local RoPE layers, iRoPE / RNoP
 2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025).
 nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
+import json
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -261,6 +262,7 @@ class GPT(nn.Module):
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.rope_cache = {}  # GPT.rotary's
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer) (this order of draws: a
         # seed gives the same weights as before)
@@ -279,6 +281,18 @@ class GPT(nn.Module):
                                 cfg.rope_fraction)
 
     def rotary(self, seq_len, scaling, causal_dynamic, device):
+        """rotary_tables, cached per scaling and device (a host-to-device copy per forward stalls a GPU): a length's
+        tables are the first rows of a longer length's, unless the frequencies follow the length (dynamic, longrope)."""
+        follows = causal_dynamic or scaling_type(self.config.full_rope_scaling(scaling)) in ("dynamic", "longrope")
+        key = (json.dumps(scaling, sort_keys=True), causal_dynamic, str(device), seq_len if follows else None)
+        if key not in self.rope_cache or self.rope_cache[key][0] < seq_len:
+            if len(self.rope_cache) >= 64:  # many lengths of a dynamic scaling (generation): start again
+                self.rope_cache.clear()
+            self.rope_cache[key] = seq_len, self.rotary_tables(seq_len, scaling, causal_dynamic, device)
+        cos, sin, per_query = self.rope_cache[key][1]
+        return (None, None, per_query) if cos is None else (cos[:seq_len], sin[:seq_len], None)
+
+    def rotary_tables(self, seq_len, scaling, causal_dynamic, device):
         """(cos, sin, per_query) of RoPE for one forward over positions [0, seq_len), shared by every layer:
         the tables of rope.rope_cos_sin, or with causal_dynamic per_query = (inv_freq [seq_len, head_dim/2],
         attention [head_dim/2] (rope.pair_attention)), row t the frequencies for length t + 1 (exact causal dynamic)."""

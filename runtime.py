@@ -21,16 +21,17 @@ class UserError(ValueError):
 
 
 def run_cli(prog, fn, *args):
-    """fn(*args), with an expected failure (ValueError, OSError) as `prog: error: <one line>`, exit 1."""
+    """fn(*args), with an expected failure (UserError, OSError) as `prog: error: <one line>`, exit 1; any other
+    exception is a bug and keeps its traceback."""
     try:
         return fn(*args)
-    except (ValueError, OSError) as e:
+    except (UserError, OSError) as e:
         sys.exit(f"{prog}: error: {' '.join(str(e).split())}")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # a ValueError, for run_cli's one line (argparse's own error takes two, with the usage)
-        raise ValueError(message)
+        raise UserError(message)
 
 
 def arg_parser(doc):
@@ -40,33 +41,33 @@ def arg_parser(doc):
 def parse_list(text, name, convert, allowed=None):
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise ValueError(f"--{name} is empty")
+        raise UserError(f"--{name} is empty")
     if allowed and (bad := [t for t in items if t not in allowed]):
-        raise ValueError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
+        raise UserError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
     try:
         return list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
-    except ValueError:
-        raise ValueError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
+    except ValueError:  # the convert function's own: float("x")
+        raise UserError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
 
 
 def number(text, name, convert, minimum):
     try:
         value = convert(text)
     except ValueError:
-        raise ValueError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
+        raise UserError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
     if not value >= minimum:  # also catches nan
-        raise ValueError(f"--{name} must be >= {minimum}, got {text}")
+        raise UserError(f"--{name} must be >= {minimum}, got {text}")
     return value
 
 
 def pick_device(name):
     kind, available = name.split(":")[0], dict(cuda=torch.cuda.is_available, mps=torch.backends.mps.is_available)
     if kind not in ("auto", "cpu", "cuda", "mps"):
-        raise ValueError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
+        raise UserError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
     if kind in available and not available[kind]():
         why = "Apple GPUs only" if kind == "mps" else f"torch {torch.__version__} " + (
             f"(CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build")
-        raise ValueError(f"device={name!r} but this torch has no {kind.upper()}: {why}; use --device=cpu or auto")
+        raise UserError(f"device={name!r} but this torch has no {kind.upper()}: {why}; use --device=cpu or auto")
     return name if kind != "auto" else next((k for k, ok in available.items() if ok()), "cpu")
 
 
@@ -125,17 +126,25 @@ def load_checkpoint(path, device="cpu"):
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file, with pages of advice: its first clause
         why = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:80]
-        raise ValueError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {why})") from None
+        raise UserError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {why})") from None
     if missing := [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]:
-        raise ValueError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
+        raise UserError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
     return ckpt
+
+
+def gpt_config(args):
+    """GPTConfig(**args), its checks of the user's model keys as a UserError."""
+    try:
+        return GPTConfig(**args)
+    except ValueError as e:  # GPTConfig and rope.check_scaling validate and raise nothing else
+        raise UserError(str(e)) from None
 
 
 def model_from_checkpoint(ckpt, config=None):
     """The checkpoint's model (config: a GPTConfig to build instead of its own model_args, for a fine-tune)."""
-    model = GPT(config or GPTConfig(**ckpt["model_args"]))
+    model = GPT(config or gpt_config(ckpt["model_args"]))
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise ValueError(f"checkpoint weights do not match its model config: {str(e).splitlines()[0]}") from None
+        raise UserError(f"checkpoint weights do not match its model config: {str(e).splitlines()[0]}") from None
     return model

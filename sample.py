@@ -8,7 +8,7 @@ import torch
 from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import FIXED, forward_args, original_len, unavailable
 from model import sample_next
-from runtime import arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
+from runtime import UserError, arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
 
 
 def parse_args(argv):
@@ -27,19 +27,19 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     a = p.parse_args(argv)
     if a.method not in FIXED:
-        raise ValueError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
+        raise UserError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("seed", 0)):
         number(getattr(a, name), name, int, low)
     if not a.temperature > 0:  # also catches nan
-        raise ValueError(f"--temperature must be > 0, got {a.temperature}; for greedy sampling use --top_k 1")
+        raise UserError(f"--temperature must be > 0, got {a.temperature}; for greedy sampling use --top_k 1")
     try:
         factor = None if a.factor == "auto" else float(a.factor)
     except ValueError:
-        raise ValueError(f"--factor {a.factor!r} is not auto or a number") from None
+        raise UserError(f"--factor {a.factor!r} is not auto or a number") from None
     if factor is not None and not factor >= 1:
-        raise ValueError(f"--factor must be auto or a number >= 1, got {a.factor}")
+        raise UserError(f"--factor must be auto or a number >= 1, got {a.factor}")
     if a.prompt == "":
-        raise ValueError(f"--prompt is empty; leave it out to start a new document ({EOT})")
+        raise UserError(f"--prompt is empty; leave it out to start a new document ({EOT})")
     return dict(vars(a), factor=factor, device=pick_device(a.device))
 
 
@@ -60,12 +60,12 @@ def sample(args):
     enc = gpt2_tokenizer(cfg.vocab_size)  # the run's vocabulary: the data is not needed, only its size
     text = Path(args["prompt_file"]).read_text(encoding="utf-8") if args["prompt_file"] else args["prompt"]
     if args["prompt_file"] and not text:
-        raise ValueError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
+        raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
     total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], original_len(ckpt)
     if reason := unavailable(cfg, method, total):  # before any sampling
-        raise ValueError(f"--method {method}: {reason}")
+        raise UserError(f"--method {method}: {reason}")
     kwargs = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
           f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: "

@@ -22,7 +22,7 @@ from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_v
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from rope import first_negative, scaling_type, trained_freq
-from runtime import autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device, run_cli, write_atomic
+from runtime import UserError, autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device, run_cli, write_atomic
 
 # ----------------------------------------------------------------------------- training
 
@@ -43,6 +43,13 @@ def base_bound_note(cfg, eval_multiple=16):
         fraction = f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else ""
         return (f"note: rope_base={cfg.rope_base:g} is below the RoPE base bound (Men et al. 2024) for {reach}: B_m < 0 "
                 f"from distance {m}, head dim {head_dim}{fraction} (python lab/base_bound.py --head_dim {head_dim})")
+
+
+def throughput(tokens, seconds, flops_per_token, peak, world):
+    """(tokens/s, FLOP/s, MFU) of all processes: tokens counts every process's, so MFU divides by world peaks."""
+    tok_s = tokens / seconds
+    flops = flops_per_token * tok_s
+    return tok_s, flops, flops / (peak * world) if peak else None
 
 
 def start_checkpoint(config, meta, device):
@@ -71,7 +78,7 @@ def start_checkpoint(config, meta, device):
     if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
         differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
     if differ:
-        raise ValueError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
+        raise UserError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
                          f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
                          f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
     return ckpt, origin
@@ -91,17 +98,20 @@ def run_folder(config):
     """out_dir, made and locked: out_dir/.lock holds the pid, and a lock whose process has died is taken over."""
     out_dir, lock = Path(config["out_dir"]), Path(config["out_dir"]) / ".lock"
     if out_dir.is_file():
-        raise ValueError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
+        raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
     out_dir.mkdir(parents=True, exist_ok=True)
     if pid := live_pid(lock):
-        raise ValueError(f"out_dir {out_dir} is in use by process {pid} ({lock}): one training per out_dir")
+        raise UserError(f"out_dir {out_dir} is in use by process {pid} ({lock}): one training per out_dir")
     lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
     with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another run took it just now
         f.write(str(os.getpid()))
     try:
         if config["init_from"] != "resume":
+            if config["overwrite"] and Path(config["init_from"]).resolve() in (out_dir.resolve(), (out_dir / "ckpt.pt").resolve()):
+                raise UserError(f"init_from={config['init_from']} is out_dir's own checkpoint, which --overwrite=True would "
+                                f"delete before loading it: fine-tune into another --out_dir")
             if (out_dir / "ckpt.pt").exists() and not config["overwrite"]:
-                raise ValueError(f"{out_dir} already holds a run (ckpt.pt): continue it with --init_from=resume, "
+                raise UserError(f"{out_dir} already holds a run (ckpt.pt): continue it with --init_from=resume, "
                                  f"or replace it with --overwrite=True")
             for name in ("ckpt.pt", "log.jsonl"):  # a new run starts its log anew
                 (out_dir / name).unlink(missing_ok=True)
@@ -188,7 +198,7 @@ def train(config):
         splits = {s: load_split(folder, s)[0] for s in ("train", "val")}
         for s, tokens in splits.items():
             if len(tokens) <= config["block_size"]:
-                raise ValueError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
+                raise UserError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
                                  f"({len(tokens)} tokens, a row takes block_size + 1): use block_size <= {len(tokens) - 1}")
         rng = np.random.default_rng(config["seed"] + rank)
         iter_num, best_val_loss, logged = 0, float("inf"), -1
@@ -232,7 +242,7 @@ def train(config):
         run = (init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
                if master and config["wandb_log"] else None)
 
-        t0 = time.time()
+        t0, timed_from = time.time(), iter_num
         while True:
             lr = lr_at(iter_num, config)
             for group in optimizer.param_groups:
@@ -255,7 +265,7 @@ def train(config):
                                  "origin": origin, "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
                                  "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}}
                         write_atomic(out_dir / "ckpt.pt", lambda f: torch.save(state, f))
-                t0 = time.time()  # evaluation time is not training throughput
+                t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
             if iter_num >= config["max_iters"]:
                 break
             for micro in range(gas):
@@ -278,10 +288,11 @@ def train(config):
             if iter_num % config["log_interval"] == 0 and master:
                 if device_type == "cuda":
                     torch.cuda.synchronize()
-                tok_s, t0 = tokens_per_iter * config["log_interval"] / (time.time() - t0), time.time()
-                flops = raw_model.flops_per_token(config["block_size"]) * tok_s
+                tok_s, flops, mfu = throughput(tokens_per_iter * (iter_num - timed_from), time.time() - t0,
+                                               raw_model.flops_per_token(config["block_size"]), peak, world)
+                t0, timed_from = time.time(), iter_num
                 print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
-                      f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * flops / peak:.1f}%" if peak else ""))
+                      f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * mfu:.1f}%" if peak else ""))
                 if run:
                     run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
         if run:

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.tokenizer import gpt2_tokenizer
-from runtime import synced, write_atomic
+from runtime import UserError, synced, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -27,7 +27,7 @@ def split_documents(names, val_fraction=0.1, seed=0):
     """(train, val) lists of whole documents, at least one each, whatever the names' order: val is unseen texts."""
     names = sorted(names)
     if len(names) < 2:
-        raise ValueError(f"need at least 2 documents to make a train and a val split, got {len(names)}")
+        raise UserError(f"need at least 2 documents to make a train and a val split, got {len(names)}")
     order = np.random.default_rng(seed).permutation(len(names))
     n_val = min(max(round(len(names) * val_fraction), 1), len(names) - 1)
     return sorted(names[i] for i in order[n_val:]), sorted(names[i] for i in order[:n_val])
@@ -90,7 +90,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
         seconds = time.time() - start
         n_docs = {s: len(stats[s]["bounds"]) // 2 for s in SPLITS}
         if 0 in n_docs.values():
-            raise ValueError(f"{n_docs['train']} train and {n_docs['val']} val documents: need at least one in each; "
+            raise UserError(f"{n_docs['train']} train and {n_docs['val']} val documents: need at least one in each; "
                              f"use more documents or a val_fraction (now {val_fraction}) nearer 0.5")
         files = {}
         for s in SPLITS:
@@ -179,7 +179,7 @@ def load_meta(data_dir, verify=True):
         meta = json.loads((folder / "meta.json").read_text())
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
-        raise ValueError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+        raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
         stamps = dict(json.loads(stamp.read_text()))
@@ -187,10 +187,10 @@ def load_meta(data_dir, verify=True):
         path = folder / name
         actual = path.stat() if path.is_file() else None
         if not actual or actual.st_size != size:
-            raise ValueError(f"{path} {f'has {actual.st_size} bytes, meta.json says {size}' if actual else 'is missing'}; {fix}")
+            raise UserError(f"{path} {f'has {actual.st_size} bytes, meta.json says {size}' if actual else 'is missing'}; {fix}")
         key = [size, actual.st_mtime_ns, sha]
         if verify and not (size > VERIFY_ONCE_BYTES and stamps.get(name) == key) and file_sha256(path) != sha:
-            raise ValueError(f"{path} is damaged: its sha256 is not meta.json's; {fix}")
+            raise UserError(f"{path} is damaged: its sha256 is not meta.json's; {fix}")
         fresh.update({name: key} if verify and size > VERIFY_ONCE_BYTES else {})
     if fresh and fresh != stamps:
         with suppress(OSError):  # a read-only data folder is verified each time
@@ -201,7 +201,7 @@ def load_meta(data_dir, verify=True):
 def load_split(data_dir, split):
     """(uint16 memmap of the split's tokens, int64 (n_docs, 2) document bounds), after a size check (load_meta verifies)."""
     if split not in SPLITS:
-        raise ValueError(f"split={split!r} is not allowed; use one of {SPLITS}")
+        raise UserError(f"split={split!r} is not allowed; use one of {SPLITS}")
     load_meta(data_dir, verify=False)
     return np.memmap(Path(data_dir) / f"{split}.bin", dtype=np.uint16, mode="r"), np.load(Path(data_dir) / f"{split}_docs.npy")
 
@@ -221,7 +221,7 @@ def doc_windows(docs, length, n_windows, rng):
     total = int(per_doc.sum())
     if total == 0:
         longest = int(doc_lens.max()) if len(doc_lens) else 0
-        raise ValueError(f"no window of length {length} fits inside a document: the longest document has "
+        raise UserError(f"no window of length {length} fits inside a document: the longest document has "
                          f"{longest} tokens, so 0 windows are available; use a length <= {longest}")
     k = np.arange(total) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
     starts = np.repeat(docs[:, 0], per_doc) + k * length

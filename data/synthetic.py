@@ -2,15 +2,16 @@
 Mixed into training batches (train.py's retrieval_mix, retrieval_task) they teach a small model to copy (an induction
 head); lab/probes.py asks how far it still copies."""
 import numpy as np
+from runtime import UserError
 
 
 def plant_repeat(row, segment, start, distance):
     """Write segment at row[start:] and again at row[start + distance:] (in place)."""
     k = len(segment)
     if distance < k:
-        raise ValueError(f"distance {distance} is shorter than the segment ({k} tokens): the copies would overlap")
+        raise UserError(f"distance {distance} is shorter than the segment ({k} tokens): the copies would overlap")
     if start < 0 or start + distance + k > len(row):
-        raise ValueError(f"a segment of {k} at {start} repeated at distance {distance} does not fit in {len(row)} tokens")
+        raise UserError(f"a segment of {k} at {start} repeated at distance {distance} does not fit in {len(row)} tokens")
     row[start:start + k] = segment
     row[start + distance:start + distance + k] = segment
 
@@ -61,9 +62,9 @@ def mqar_rows(filler, rng, pairs, vocab, at):
     the values after the queries, the only tokens a model can know; what lies between is the filler, untouched."""
     rows, at = np.array(filler, dtype=np.int64), np.asarray(at, dtype=np.int64).reshape(len(filler), pairs)
     if not 1 <= pairs <= vocab // 2:
-        raise ValueError(f"{pairs} key-value pairs need 1 <= pairs <= vocab // 2 = {vocab // 2}")
+        raise UserError(f"{pairs} key-value pairs need 1 <= pairs <= vocab // 2 = {vocab // 2}")
     if (at[:, 0] < 2 * pairs).any() or (at[:, -1] + 1 >= rows.shape[1]).any() or (np.diff(at) < 2).any():
-        raise ValueError(f"queries at {at.tolist()} must follow the {2 * pairs} tokens of pairs, increase by >= 2 "
+        raise UserError(f"queries at {at.tolist()} must follow the {2 * pairs} tokens of pairs, increase by >= 2 "
                          f"and leave room for their values in {rows.shape[1]} tokens")
     mask = np.zeros(rows.shape, dtype=bool)
     for row, where, m in zip(rows, at, mask):
@@ -81,7 +82,7 @@ def mqar_batch(rng, count, n, pairs, vocab):
     gaps) so that every distance up to n is practised. Returns mqar_rows' (rows, mask)."""
     slots = (n - 2 * pairs) // 2  # the last slot's value is the row's last token at most
     if slots < pairs:
-        raise ValueError(f"{pairs} key-value pairs and their queries need {4 * pairs} tokens, a row has {n}")
+        raise UserError(f"{pairs} key-value pairs and their queries need {4 * pairs} tokens, a row has {n}")
     at = [2 * pairs + 2 * np.sort(rng.choice(slots, pairs, replace=False)) for _ in range(count)]
     return mqar_rows(rng.integers(0, vocab, size=(count, n)), rng, pairs, vocab, at)
 
@@ -101,11 +102,11 @@ def passkey_row(filler, encode, key, depth):
     """(one passkey trial of len(filler) + 1 tokens, its number of key tokens at the end): held-out text with the
     needle stating the key at `depth` (0: first, 1: just before the question), then the question and the key."""
     if not 0 <= depth <= 1:
-        raise ValueError(f"depth {depth!r} is outside [0, 1] (the fraction of the filler before the key)")
+        raise UserError(f"depth {depth!r} is outside [0, 1] (the fraction of the filler before the key)")
     needle, ask, answer = (encode(t) for t in (NEEDLE.format(key=key), QUESTION, f" {key}"))
     room = len(filler) + 1 - len(needle) - len(ask) - len(answer)  # filler tokens that fit around them
     if room < 0:
-        raise ValueError(f"a passkey trial of {len(filler)} tokens is shorter than its needle, question and key "
+        raise UserError(f"a passkey trial of {len(filler)} tokens is shorter than its needle, question and key "
                          f"({len(needle) + len(ask) + len(answer)} tokens); use a longer length")
     at = round(depth * room)
     return np.concatenate([filler[:at], needle, filler[at:room], ask, answer]).astype(np.int64), len(answer)

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import tiktoken
+from runtime import UserError
 
 RANKS_PATH = Path(__file__).resolve().parent / "gpt2.tiktoken"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -23,14 +24,14 @@ def load_ranks(path=RANKS_PATH, sha256=RANKS_SHA256):
         raise FileNotFoundError(f"GPT-2 ranks file not found: {path} (it is committed in the repo; restore it with: git checkout -- data/gpt2.tiktoken)")
     raw = path.read_bytes()
     if (digest := hashlib.sha256(raw).hexdigest()) != sha256:
-        raise ValueError(f"{path} has sha256 {digest}, expected {sha256}; the file is corrupted or not GPT-2's (restore it with: git checkout -- data/gpt2.tiktoken)")
+        raise UserError(f"{path} has sha256 {digest}, expected {sha256}; the file is corrupted or not GPT-2's (restore it with: git checkout -- data/gpt2.tiktoken)")
     return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
 
 
 def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:
     """GPT-2 BPE keeping ranks < vocab_size - 1, with <|endoftext|> = vocab_size - 1 (50257: exactly GPT-2)."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB_SIZE <= vocab_size <= GPT2_VOCAB_SIZE:
-        raise ValueError(f"vocab_size={vocab_size!r} is not allowed; use an integer in {MIN_VOCAB_SIZE}..{GPT2_VOCAB_SIZE}")
+        raise UserError(f"vocab_size={vocab_size!r} is not allowed; use an integer in {MIN_VOCAB_SIZE}..{GPT2_VOCAB_SIZE}")
     n_bpe = vocab_size - 1  # the last id is reserved for EOT
     return tiktoken.Encoding(f"gpt2-{vocab_size}", pat_str=GPT2_PATTERN, special_tokens={EOT: n_bpe},
                              mergeable_ranks={tok: r for tok, r in load_ranks().items() if r < n_bpe})

@@ -4,8 +4,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
-from runtime import arg_parser, run_cli
+from runtime import UserError, arg_parser, run_cli
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
@@ -20,11 +22,11 @@ def load_report(run_dir, protocol=None):
         report = json.loads(path.read_text())
         missing = [k for k in ("run", "train_len", "units", "results") if k not in report]
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
+        raise UserError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
     if missing:
-        raise ValueError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
+        raise UserError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
     if not any(protocol in (None, r["protocol"]) for r in report["results"]):
-        raise ValueError(f"{path} has no {protocol or 'evaluation'} results; re-run eval/extrapolate.py {run_dir}")
+        raise UserError(f"{path} has no {protocol or 'evaluation'} results; re-run eval/extrapolate.py {run_dir}")
     return report
 
 
@@ -67,7 +69,7 @@ def plot(reports, metric, protocol):
 def compare(run_dirs, out, metric, protocol):
     for name, value, allowed in (("metric", metric, METRICS), ("protocol", protocol, PROTOCOLS)):
         if value not in allowed:
-            raise ValueError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
+            raise UserError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
     reports = [load_report(d, protocol) for d in run_dirs]  # a run with nothing to compare is an error, not a gap
     table, out = markdown(reports, metric, protocol), Path(out)  # out: a prefix
     write_all(out.parent, {f"{out.name}.png": plot(reports, metric, protocol), f"{out.name}.md": table})

@@ -9,12 +9,14 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from data.dataset import doc_windows, load_split
 from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
 from eval import methods
 from eval.methods import FIXED, METHODS, forward_args, method_factor, original_len
 from eval.score import load_run, score_sliding, score_windows, sliding_windows
-from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
@@ -54,14 +56,14 @@ def parse_args(argv):
                    (("methods", METHODS), ("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
                 lengths=parse_list(a.lengths, "lengths", float))
     if any(m <= 0 for m in args["lengths"]):
-        raise ValueError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
+        raise UserError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
     if "windows" not in args["protocols"]:
-        raise ValueError("--protocols sliding alone draws no extrapolation.png (it plots the windows protocol): "
+        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows protocol): "
                          "use --protocols windows,sliding")
     if a.bins not in BINS:
-        raise ValueError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
+        raise UserError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
     if a.wandb_log is not None and a.wandb_log.lower() not in ("true", "false"):
-        raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
+        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
     return dict(args, bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
                 tokens=number(a.tokens, "tokens", int, 1), min_units=number(a.min_units, "min_units", int, 2),
                 factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
@@ -78,8 +80,8 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
     n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
     try:
         return n, doc_windows(docs, n + 1, max(min_units, math.ceil(tokens / n)), np.random.default_rng(seed))
-    except ValueError as e:
-        raise ValueError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
+    except UserError as e:
+        raise UserError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
 
 
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs, crop_stride):
@@ -149,16 +151,16 @@ def curves(nll, ref, edges):
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
     if min(eval_lens) < 1:
-        raise ValueError(f"--lengths {min(args['lengths']):g} is under one token at training length {train_len}; "
+        raise UserError(f"--lengths {min(args['lengths']):g} is under one token at training length {train_len}; "
                          "use a larger multiple")
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
             ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
     reasons = [methods.unavailable(model.config, m, T) for p, T, m, _ in grid]
     if all(reasons):  # asked for nothing that can be scored: say so before anything is computed or written
-        raise ValueError(f"nothing to evaluate: {grid[0][2]} at {grid[0][1]} tokens: {reasons[0]}")
+        raise UserError(f"nothing to evaluate: {grid[0][2]} at {grid[0][1]} tokens: {reasons[0]}")
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
-        raise ValueError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
+        raise UserError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
                          f"use a stride <= {min(eval_lens)}")
     units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"])
              for p in args["protocols"] for T in eval_lens}

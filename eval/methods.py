@@ -1,7 +1,7 @@
 """The position methods every command shares: for each name its GPT.forward arguments and the encodings it
 applies to (docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for
 every encoding: the caller cuts the input to the last L tokens, so its forward gets no arguments."""
-from runtime import number
+from runtime import UserError, number
 
 METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
            "ntk+logn", "pairs")
@@ -26,7 +26,7 @@ def usable(names, pos_emb):
     if kept != list(names):
         note = f"pos_emb={pos_emb}: {', '.join(m for m in names if m not in kept)} do not apply"
         if not kept:
-            raise ValueError(f"{note}; use --methods {','.join(applicable(METHODS, pos_emb))}")
+            raise UserError(f"{note}; use --methods {','.join(applicable(METHODS, pos_emb))}")
         print(f"{note}; evaluating {', '.join(kept)}")
     return kept
 
@@ -88,9 +88,9 @@ def check_pairs(factors, config):
     """--pair_factors for the method pairs: one factor >= 1 per frequency pair of the model, the fastest pair first."""
     n = config.n_embd // config.n_head // 2
     if factors is None:
-        raise ValueError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, fastest first")
+        raise UserError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, fastest first")
     if len(factors) != n or min(factors) < 1:
-        raise ValueError(f"--pair_factors has {len(factors)} factors, smallest {min(factors):g}; this model has {n} "
+        raise UserError(f"--pair_factors has {len(factors)} factors, smallest {min(factors):g}; this model has {n} "
                          f"frequency pairs: give {n} factors >= 1, fastest pair first")
 
 

@@ -5,7 +5,7 @@ import torch
 from torch.nn import functional as F
 
 from data.dataset import load_meta
-from runtime import autocast, data_dir, load_checkpoint, model_from_checkpoint
+from runtime import UserError, autocast, data_dir, load_checkpoint, model_from_checkpoint
 
 
 def load_run(run_dir, device="cpu"):
@@ -15,7 +15,7 @@ def load_run(run_dir, device="cpu"):
     meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
     if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
         # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
-        raise ValueError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
+        raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
                          f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
@@ -48,7 +48,7 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, **positions):
 def sliding_windows(n, length, stride):
     """(start in a stretch of n tokens, last targets scored) per sliding window: every target once (docs/methodology.md)."""
     if not 1 <= stride <= length <= n:
-        raise ValueError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
+        raise UserError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
                          f"length {length}, stretch {n}")
     ends = list(range(length, n, stride)) + [n]
     return [(e - length, e - prev) for prev, e in zip([0] + ends, ends)]

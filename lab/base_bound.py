@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from eval.report import png, pyplot, write_all
 from rope import bound_curve, first_negative, trained_freq
-from runtime import arg_parser, number, parse_list, run_cli
+from runtime import UserError, arg_parser, number, parse_list, run_cli
 
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
@@ -26,7 +28,7 @@ def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
     for base in itertools.takewhile(lambda b: b <= highest, grid):
         if base >= lowest and first_negative(trained_freq(head_dim, base), context_len) is None:
             return base
-    raise ValueError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
+    raise UserError(f"no base in [{lowest:g}, {highest:g}] keeps B_m >= 0 up to m = {context_len}")
 
 
 def parse_args(argv):
@@ -38,12 +40,12 @@ def parse_args(argv):
     p.add_argument("--copy", nargs="+", default=[], metavar="STUDY", help="a study folder per base (its copy probe)")
     a = p.parse_args(argv)
     if (head_dim := number(a.head_dim, "head_dim", int, 2)) % 2:
-        raise ValueError(f"RoPE needs an even head dimension, got --head_dim {head_dim}")
+        raise UserError(f"RoPE needs an even head dimension, got --head_dim {head_dim}")
     lengths, bases = parse_list(a.lengths, "lengths", int), parse_list(a.bases, "bases", float) if a.bases else []
     if min(lengths) < 1 or any(not b > 1 for b in bases):
-        raise ValueError(f"--lengths must be >= 1 and --bases > 1, got {a.lengths} and {a.bases}")
+        raise UserError(f"--lengths must be >= 1 and --bases > 1, got {a.lengths} and {a.bases}")
     if a.copy and len(a.copy) != len(bases):
-        raise ValueError(f"--copy needs one study folder per base: {len(bases)} bases, got {len(a.copy)} folders")
+        raise UserError(f"--copy needs one study folder per base: {len(bases)} bases, got {len(a.copy)} folders")
     return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out), copy=[Path(c) for c in a.copy])
 
 
@@ -69,10 +71,10 @@ def copy_top1(study):
     """[(distance, mean, lo, hi)] of the copy probe's top-1 with no method, from a study folder's study.json."""
     path = study / "study.json"
     if not path.is_file():
-        raise ValueError(f"--copy {study}: no study.json there (run lab/study.py with --probe_args including copy)")
+        raise UserError(f"--copy {study}: no study.json there (run lab/study.py with --probe_args including copy)")
     rows = [r for r in json.loads(path.read_text())["probe_rows"] if r["probe"] == "copy" and r["method"] == "none"]
     if not rows:
-        raise ValueError(f"--copy {study}: its study has no copy probe rows for the method none")
+        raise UserError(f"--copy {study}: its study has no copy probe rows for the method none")
     return sorted((r["at"], *(r["value"][k] for k in ("mean", "lo", "hi"))) for r in rows)
 
 

@@ -12,13 +12,15 @@ import math
 import numpy as np
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from data.dataset import doc_windows, load_split
 from eval import methods
 from eval.extrapolate import mean_stderr
 from eval.methods import FIXED, forward_args, original_len
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
-from runtime import arg_parser, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, number, parse_list, pick_device, run_cli
 
 CSV_FIELDS = ("method", "context", "multiple", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
@@ -37,7 +39,7 @@ def parse_args(argv):
     a = p.parse_args(argv)
     contexts = parse_list(a.contexts, "contexts", float)
     if not all(0 < x < math.inf for x in contexts):  # also nan
-        raise ValueError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
+        raise UserError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
     return dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device), contexts=contexts,
                 options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, FIXED),
                 units=number(a.units, "units", int, 1), seed=number(a.seed, "seed", int, 0),
@@ -93,17 +95,17 @@ def context_sweep(args):
     kept = methods.usable(args["methods"], pos_emb)
     m, contexts = args["targets"] or max(1, L // 8), sorted({round(x * L) for x in args["contexts"]})
     if bad := [c for c in contexts if c < m] + ([run_len] if "crop" in kept and run_len < m else []):
-        raise ValueError(f"context {bad[0]} tokens is shorter than the {m} targets: each context needs c >= m "
+        raise UserError(f"context {bad[0]} tokens is shorter than the {m} targets: each context needs c >= m "
                          f"(use larger --contexts or fewer --targets)")
     grid = [(c, meth, methods.unavailable(model.config, meth, seen(meth, c, run_len))) for c in contexts for meth in kept]
     if all(reason for *_, reason in grid):  # nothing can be scored: say so before anything is computed or written
-        raise ValueError(f"nothing to evaluate: {grid[0][1]} at {grid[0][0]} tokens: {grid[0][2]}")
+        raise UserError(f"nothing to evaluate: {grid[0][1]} at {grid[0][0]} tokens: {grid[0][2]}")
     tokens, docs = load_split(data_dir, "val")
     C = contexts[-1]
     try:  # one set of units for every context and method: the comparisons are paired
         starts = doc_windows(docs, C + 1, args["units"], np.random.default_rng(args["seed"]))
-    except ValueError as e:
-        raise ValueError(f"context {C} ({C / L:g}x, units of {C + 1} tokens): {e}") from None
+    except UserError as e:
+        raise UserError(f"context {C} ({C / L:g}x, units of {C + 1} tokens): {e}") from None
     if len(starts) < args["units"]:  # doc_windows takes every window there is: say that the sample is smaller
         print(f"the held-out text holds {len(starts)} units of {C + 1} tokens, fewer than --units {args['units']}")
     units, t0, results = np.stack([tokens[s:s + C + 1] for s in starts]).astype(np.int64), time.time(), []

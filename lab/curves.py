@@ -1,10 +1,13 @@
 """Training curves of runs from the log.jsonl train.py appends at every evaluation: the validation loss and, for runs
 trained with retrieval_mix, the copy top-1 inside the training length: `python lab/curves.py RUN_DIR... [--out curves.png]`."""
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from eval.report import png, pyplot, write_all
-from runtime import arg_parser, run_cli
+from runtime import UserError, arg_parser, run_cli
 
 YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
 
@@ -14,7 +17,7 @@ def read_log(run_dir):
     if not path.is_file():
         raise FileNotFoundError(f"no training log at {path}; train.py writes it at every evaluation")
     if not (log := [json.loads(line) for line in path.read_text().splitlines() if line.strip()]):
-        raise ValueError(f"{path} is empty: no evaluation logged yet; train.py appends one every eval_interval iterations")
+        raise UserError(f"{path} is empty: no evaluation logged yet; train.py appends one every eval_interval iterations")
     return log
 
 

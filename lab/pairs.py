@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from data.dataset import load_split
 from data.synthetic import random_vocab
 from eval.methods import forward_args, method_factor, original_len
@@ -17,7 +19,7 @@ from eval.report import json_csv, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from lab.stats import LEVEL, holm, interval
 from rope import first_negative, yarn_attention_factor
-from runtime import arg_parser, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, number, parse_list, pick_device, run_cli
 
 CSV_FIELDS = ("variant", "distance", "factor", "top1", "lo", "hi", "bound_negative_at")
 
@@ -36,10 +38,10 @@ def parse_args(argv):
     a = p.parse_args(argv)
     betas = [tuple(number(x, "betas", float, 0) for x in b.split("/")) for b in a.betas.split(",")]
     if any(len(b) != 2 or min(b) <= 0 or b[0] <= b[1] for b in betas):
-        raise ValueError(f"--betas {a.betas}: each a beta_fast/beta_slow pair with beta_fast > beta_slow > 0")
+        raise UserError(f"--betas {a.betas}: each a beta_fast/beta_slow pair with beta_fast > beta_slow > 0")
     distances = parse_list(a.distances, "distances", float)
     if min(distances) <= 1:
-        raise ValueError(f"--distances {a.distances}: multiples of the training length above 1 (inside it no pair is scaled)")
+        raise UserError(f"--distances {a.distances}: multiples of the training length above 1 (inside it no pair is scaled)")
     return dict(runs=[Path(r) for r in a.runs], out=Path(a.out), device=pick_device(a.device), distances=distances,
                 trials=number(a.trials, "trials", int, 2), segment=number(a.segment, "segment", int, 2),
                 seed=number(a.seed, "seed", int, 0), betas=betas, copy_source="random",
@@ -73,7 +75,7 @@ def load_runs(paths, device):
     shared = {(original_len(c), str(d), m.config.n_embd // m.config.n_head, m.config.rope_base, m.config.pos_emb)
               for m, c, d in loaded}  # "the fastest j pairs" must name the same frequencies in every run
     if len(shared) > 1 or next(iter(shared))[4] != "rope":
-        raise ValueError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
+        raise UserError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
                          f"data, head size, base, pos_emb) {sorted(shared)}")
     return [m for m, _, _ in loaded], loaded[0][1], loaded[0][2]
 
@@ -83,7 +85,7 @@ def copies_inside(models, tokens, docs, L, args, vocab):
     (_, rows), = copy_trials(tokens, docs, L, dict(args, distances=[0.5]), vocab)
     top1 = [float(copy_hits(m, rows, args["segment"]).mean()) for m in models]
     if bad := [f"{p} ({t:.2f})" for p, t in zip(args["runs"], top1) if t < RETRIEVES]:
-        raise ValueError(f"{', '.join(bad)}: top-1 below {RETRIEVES} on copies inside the training length; these runs do "
+        raise UserError(f"{', '.join(bad)}: top-1 below {RETRIEVES} on copies inside the training length; these runs do "
                          "not copy, so which pairs carry copying cannot be asked of them")
     return top1
 

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, mqar_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
@@ -21,7 +23,7 @@ from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from model import visible
 from rope import first_negative
-from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
@@ -55,12 +57,12 @@ def parse_args(argv):
                 segment=number(a.segment, "segment", int, 2), seed=number(a.seed, "seed", int, 0),
                 pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
     if a.copy_source not in ("random", "text"):
-        raise ValueError(f"--copy_source {a.copy_source!r} is not one of: random, text")
+        raise UserError(f"--copy_source {a.copy_source!r} is not one of: random, text")
     if min(args["distances"]) <= 0 or min(args["lengths"]) <= 0:
-        raise ValueError(f"--distances and --lengths are positive multiples of the training length, got "
+        raise UserError(f"--distances and --lengths are positive multiples of the training length, got "
                          f"{a.distances} and {a.lengths}")
     if bad := [d for d in args["depths"] if not 0 <= d <= 1]:
-        raise ValueError(f"--depths {', '.join(map(str, bad))} outside [0, 1] (the fraction of the filler before the key)")
+        raise UserError(f"--depths {', '.join(map(str, bad))} outside [0, 1] (the fraction of the filler before the key)")
     return args
 
 
@@ -332,7 +334,7 @@ def probes(args):
         seconds[name] = round(time.time() - t0, 1)
     if not any(r["available"] for r in results):  # asked for nothing that can be measured: say why, write nothing
         r = results[0] if results else None  # none at all: only rotation was asked, of a model without RoPE
-        raise ValueError(f"nothing to probe: {r['method']} at {r['eval_len']} tokens: {r['reason']}" if r else
+        raise UserError(f"nothing to probe: {r['method']} at {r['eval_len']} tokens: {r['reason']}" if r else
                          f"nothing to probe: the rotation probe needs RoPE, not pos_emb={pos_emb}; use --probes copy,passkey,entropy")
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=args["train_len"],

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
 from eval.compare import load_report
 from eval.extrapolate import parse_args as eval_options
 from lab.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
 from lab.stats import LEVEL, holm, interval
-from runtime import ROOT, arg_parser, init_wandb, load_checkpoint, number, run_cli
+from runtime import ROOT, UserError, arg_parser, init_wandb, load_checkpoint, number, run_cli
 from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
@@ -31,7 +33,7 @@ def last_iter(run_dir):
 def step(what, cmd):
     print(f"study: {what}: {' '.join(cmd[1:])}", flush=True)
     if subprocess.run(cmd).returncode != 0:
-        raise ValueError(f"{what} failed (command: {shlex.join(cmd[1:])}); fix it and run the study again to resume")
+        raise UserError(f"{what} failed (command: {shlex.join(cmd[1:])}); fix it and run the study again to resume")
 
 
 def run_one(config, seed, out, train_args, eval_args, probe_args=None):
@@ -60,7 +62,7 @@ def spread(values, what):
     """eval.stats.interval of values [seeds, units] (a seed's None: not available), or None where no seed has them."""
     v = [u for u in values if u is not None]
     if len({len(u) for u in v}) > 1:  # the two-way bootstrap pairs unit j of every seed: they must be the same units
-        raise ValueError(f"{what}: the seeds were scored on different units ({', '.join(str(len(u)) for u in v)} of them); "
+        raise UserError(f"{what}: the seeds were scored on different units ({', '.join(str(len(u)) for u in v)} of them); "
                          "evaluate every seed with the same options")
     return interval(v) if v else None
 
@@ -71,7 +73,7 @@ def aggregate(reports):
     rows, units = {}, {}
     for config, rep, r in ((c, rep, r) for c, seeds in reports.items() for rep in seeds for r in rep["results"]):
         if "per_unit" not in r:
-            raise ValueError(f"the evaluation of {rep['run']} has no per-unit values (an older eval/extrapolate.py): "
+            raise UserError(f"the evaluation of {rep['run']} has no per-unit values (an older eval/extrapolate.py): "
                              f"run the study again, or eval/extrapolate.py on that run, to re-evaluate it")
         row = rows.setdefault(key := (config, *(r[k] for k in KEYS)), dict(config=config, **{k: r[k] for k in KEYS},
                               train_len=rep["train_len"], per_seed={m: [] for m in METRICS}))
@@ -259,21 +261,21 @@ def parse_args(argv):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
     if a.wandb_log.lower() not in ("true", "false"):
-        raise ValueError(f"--wandb_log {a.wandb_log!r} is not true or false")
+        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
     args = dict(configs=a.configs, seeds=number(a.seeds, "seeds", int, 1), out=Path(a.out), train_args=shlex.split(a.train_args),
                 eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
                 control=a.control and Path(a.control).stem)
     if a.control and a.control not in a.configs:
-        raise ValueError(f"--control {a.control!r} is not one of the study's configs ({', '.join(a.configs)})")
+        raise UserError(f"--control {a.control!r} is not one of the study's configs ({', '.join(a.configs)})")
     for config in a.configs:  # train.py's own checks, as each run will get them
         load_config([config, *(t.replace("{seed}", "0") for t in args["train_args"])])
     for name, check in (("eval_args", eval_options), ("probe_args", probe_options)):
         try:
             if args[name] is not None:
                 check(["RUN_DIR", *args[name]])  # a placeholder run: only the options are checked
-        except ValueError as e:
-            raise ValueError(f"--{name}: {e}") from None
+        except UserError as e:
+            raise UserError(f"--{name}: {e}") from None
     given = dict(vars(a), configs=None, out=from_root(a.out))  # the options that differ from their defaults
     args["command"] = shlex.join(["python", "lab/study.py", *map(from_root, a.configs),
                                   *(f"--{k}={v}" for k, v in given.items() if v != p.get_default(k))])

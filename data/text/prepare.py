@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import json
 import os
+import sys
 import zlib
 from pathlib import Path
 
@@ -17,9 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
+
 from data.dataset import VOCAB_SIZE, builtin, is_prepared, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
-from runtime import arg_parser, run_cli
+from runtime import UserError, arg_parser, run_cli
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
@@ -38,12 +41,12 @@ def list_files(path):
         files = sorted(p for p in path.rglob("*") if p.is_file() and suffix(p)
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not files:
-            raise ValueError(f"{path} has no {', '.join('*' + s for s in SUFFIXES)} files")
+            raise UserError(f"{path} has no {', '.join('*' + s for s in SUFFIXES)} files")
         return path, files
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; SOURCE is a folder, a .jsonl, .jsonl.gz or .parquet file, or hf:NAME[:CONFIG]")
     if suffix(path) in (None, ".txt"):
-        raise ValueError(f"{path}: a file SOURCE must be .jsonl, .jsonl.gz or .parquet "
+        raise UserError(f"{path}: a file SOURCE must be .jsonl, .jsonl.gz or .parquet "
                          f"(for .txt documents, pass the folder that holds them)")
     return path.parent, [path]
 
@@ -67,17 +70,17 @@ def read_text(path):
     try:
         return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text ({e}); convert it or remove it") from None
+        raise UserError(f"{path} is not UTF-8 text ({e}); convert it or remove it") from None
 
 
 def field_text(record, field, where):
     """The text of one JSONL or Hugging Face record ("" for a null)."""
     if not isinstance(record, dict) or field not in record:
         has = ", ".join(map(str, record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
-        raise ValueError(f"{where}: no {field!r} field (the record has: {has or 'no fields'}); pass --text_field")
+        raise UserError(f"{where}: no {field!r} field (the record has: {has or 'no fields'}); pass --text_field")
     text = record[field]
     if text is not None and not isinstance(text, str):
-        raise ValueError(f"{where}: field {field!r} is a {type(text).__name__}, not text")
+        raise UserError(f"{where}: field {field!r} is a {type(text).__name__}, not text")
     return text or ""
 
 
@@ -89,10 +92,10 @@ def jsonl_texts(path, rel, field):
                     try:
                         record = json.loads(line)
                     except ValueError as e:  # bad JSON or bad UTF-8
-                        raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+                        raise UserError(f"{path}:{lineno}: not a JSON line ({e})") from None
                     yield f"{rel}:{lineno}", field_text(record, field, f"{path}:{lineno}")
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or corrupt .gz
-        raise ValueError(f"{path}: not a readable gzip file ({type(e).__name__}: {e})") from None
+        raise UserError(f"{path}: not a readable gzip file ({type(e).__name__}: {e})") from None
 
 
 def check_parquet(files, field):
@@ -101,12 +104,12 @@ def check_parquet(files, field):
         try:
             schema = pq.read_schema(path)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+            raise UserError(f"{path}: not a readable Parquet file ({e})") from None
         if field not in schema.names:
-            raise ValueError(f"{path}: no {field!r} column (it has: {', '.join(schema.names)}); pass --text_field")
+            raise UserError(f"{path}: no {field!r} column (it has: {', '.join(schema.names)}); pass --text_field")
         kind = schema.field(field).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise ValueError(f"{path}: column {field!r} is {kind}, not text")
+            raise UserError(f"{path}: column {field!r} is {kind}, not text")
 
 
 def file_records(root, files, field):
@@ -128,7 +131,7 @@ def hf_records(spec, field):
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"{HF}{spec} needs the Hugging Face `datasets` package: pip install datasets") from None
+        raise UserError(f"{HF}{spec} needs the Hugging Face `datasets` package: pip install datasets") from None
     name, _, config = spec.partition(":")
     try:
         stream = datasets.load_dataset(name, config or None, split="train", streaming=True)
@@ -136,7 +139,7 @@ def hf_records(spec, field):
         raise OSError(f"cannot open Hugging Face dataset {spec!r} (offline? no such dataset or config?): "
                       f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from None
     if stream.features is not None and field not in stream.features:
-        raise ValueError(f"{HF}{spec}: no {field!r} field (it has: {', '.join(stream.features)}); pass --text_field")
+        raise UserError(f"{HF}{spec}: no {field!r} field (it has: {', '.join(stream.features)}); pass --text_field")
     return ((str(i), field_text(row, field, f"{HF}{spec} row {i}")) for i, row in enumerate(stream))
 
 
@@ -148,7 +151,7 @@ def record_documents(records, val_fraction, where):
             n += 1
             yield ("val" if val_by_hash(key, val_fraction, SEED) else "train"), None, text
     if n == 0:
-        raise ValueError(f"{where}: the corpus is empty (no non-empty documents)")
+        raise UserError(f"{where}: the corpus is empty (no non-empty documents)")
 
 
 def default_name(source):
@@ -164,21 +167,21 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     source = str(source)
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"name={name!r} is not allowed; use a plain directory name (output goes to data/<name>/)")
+        raise UserError(f"name={name!r} is not allowed; use a plain directory name (output goes to data/<name>/)")
     if builtin(name):
-        raise ValueError(f"name {name!r} is taken by a built-in corpus (data/{name}/); pass another --name")
+        raise UserError(f"name {name!r} is taken by a built-in corpus (data/{name}/); pass another --name")
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
+        raise UserError(f"val_fraction={val_fraction!r} is not allowed; use a number strictly between 0 and 1")
     if not text_field:
-        raise ValueError("text_field='' is not allowed; name the field that holds the text")
+        raise UserError("text_field='' is not allowed; name the field that holds the text")
     workers = min(os.cpu_count() or 1, 8) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} is not allowed; use an integer >= 1")
+        raise UserError(f"workers={workers!r} is not allowed; use an integer >= 1")
     out_dir = Path(out_dir) if out_dir is not None else DATA_ROOT / name
     if hf := source.startswith(HF):
         spec = source[len(HF):]
         if not spec.split(":")[0]:
-            raise ValueError(f"{source!r} is not allowed; use hf:NAME or hf:NAME:CONFIG")
+            raise UserError(f"{source!r} is not allowed; use hf:NAME or hf:NAME:CONFIG")
         # a Hugging Face dataset is known by its name: a re-run does not notice a new upstream revision
         named, files, origin = False, [], {"hf": spec, "split": "train", "text_field": text_field}
     else:
@@ -193,7 +196,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
     if (old := is_prepared(out_dir)) and old["vocab_size"] != vocab_size:  # runs trained on it would lose their data
-        raise ValueError(f"{out_dir} holds data at vocab_size {old['vocab_size']}; give --name another folder for {vocab_size}")
+        raise UserError(f"{out_dir} holds data at vocab_size {old['vocab_size']}; give --name another folder for {vocab_size}")
     check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
