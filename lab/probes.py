@@ -210,9 +210,9 @@ def recording_entropy(model):
 
 def entropy_probe(model, tokens, docs, args):
     """Per length and method: attention entropy by query position, binned, mean over layers and heads."""
-    L, rng = model.config.block_size, np.random.default_rng(args["seed"] + 2)
+    L, T, rng = model.config.block_size, args["train_len"], np.random.default_rng(args["seed"] + 2)
     for mult in args["lengths"]:
-        n = round(mult * args["train_len"])
+        n = round(mult * T)
         rows = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, ENTROPY_WINDOWS, rng)])
         edges = bin_edges(n, "linear")
         x = (edges[:-1] + edges[1:] - 1) / 2
@@ -227,7 +227,7 @@ def entropy_probe(model, tokens, docs, args):
             curve = torch.stack([torch.stack(r).mean(0) for r in records]).mean(0).double().cpu().numpy()
             yield entry("entropy", method, n, x=x.tolist(), uniform=np.log(x + 1).round(4).tolist(),
                         entropy=[round(float(curve[a:b].mean()), 4) for a, b in zip(edges[:-1], edges[1:])],
-                        entropy_beyond_train=float(curve[L:].mean()) if n > L else None, trials=len(rows))
+                        entropy_beyond_train=float(curve[T:].mean()) if n > T else None, trials=len(rows))
 
 
 def plot_copy(report, probe="copy"):
@@ -341,7 +341,7 @@ def probes(args):
                   context_len=L, pos_emb=pos_emb,
                   checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=args["methods"], trials=args["trials"],
                   segment=args["segment"], copy_source=args["copy_source"], random_vocab=rvocab,
-                  retrieval=retrieval_check(copies, L) if copies else None,
+                  retrieval=retrieval_check(copies, args["train_len"]) if copies else None,
                   seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)
     out, draw = args["out"], dict(copy=plot_copy, mqar=lambda r: plot_copy(r, "mqar"), passkey=plot_passkey)
     # every figure drawn before any file is written

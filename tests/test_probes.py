@@ -267,3 +267,16 @@ def test_a_copy_probe_without_a_distance_inside_the_training_length_says_n_a(tmp
                                                  "--methods", "none,crop", "--no-wandb", *argv]))
         assert report["retrieval"] == dict(inside_top1=None, retrieves=False, threshold=probes.RETRIEVES)
         assert "top-1 n/a -> not checked" in capsys.readouterr().out and (tmp_path / "probe_copy.png").is_file()
+
+
+def test_entropy_and_the_copy_check_count_inside_from_the_original_training_length(dataset):
+    # a run fine-tuned at 64 from one trained at 16: "beyond train" is past 16, as in pairs.py and the losses
+    from data.dataset import load_split
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=512, n_layer=1, n_head=2, n_embd=16)).eval()
+    tokens, docs = load_split(dataset, "val")
+    args = dict(seed=0, lengths=[4.0], train_len=16, methods=["none"], pair_factors=None)
+    (entry,) = probes.entropy_probe(model, tokens, docs, args)
+    assert entry["eval_len"] == 64 and entry["entropy_beyond_train"] == pytest.approx(np.mean(entry["entropy"][16:]), abs=1e-4)
+    copies = [dict(method="none", available=True, eval_len=n, top1=t) for n, t in ((16, 0.9), (64, 0.1))]
+    assert probes.retrieval_check(copies, 16)["inside_top1"] == 0.9
