@@ -21,6 +21,8 @@ from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
+PLOTTED, PLOTTED_N = ("none", "pi", "ntk", "yarn", "llama3", "window", "sinks", "logn"), 5  # a handful: all stay in the JSON
+PLOT_BINS = 16  # per panel: bins grow with the length, so the 16x panel (few windows) is not one window's noise
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
               "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
               "diff_none_inside", "diff_none_inside_stderr", "helped_tokens", "ppl_helped", "n_units", "tokens",
@@ -44,6 +46,7 @@ def parse_args(argv):
             ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
+            ("plot", "auto", f"methods drawn in extrapolation.png (auto: the first {PLOTTED_N} evaluated of {','.join(PLOTTED)})"),
             ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -71,6 +74,7 @@ def parse_args(argv):
                 helped_threshold=number(a.helped_threshold, "helped_threshold", float, 0),
                 crop_stride=None if a.crop_stride == "auto" else number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
+                plot=None if a.plot == "auto" else parse_list(a.plot, "plot", str, METHODS),
                 wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
 
 
@@ -138,13 +142,13 @@ def summarize(units):
                 math.exp(out["loss_beyond_train"]), per_unit={k: None if v is None else v.round(6).tolist() for k, v in units.items()})
 
 
-def curves(nll, ref, edges):
-    """Binned loss by position with its band (standard error over units), and the paired difference to `none`."""
+def curves(nll, ref, edges, key="loss", err_key="stderr"):
+    """Binned nll by position with its band (standard error over units), and the paired difference to `none`."""
     def binned(a, key, err_key):
         per_unit = np.stack([a[:, lo:hi].mean(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
         err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(per_unit.shape[1])
         return {key: per_unit.mean(axis=0).round(6).tolist(), err_key: err.round(6).tolist()}
-    return dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), **binned(nll, "loss", "stderr"),
+    return dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), **binned(nll, key, err_key),
                 **({} if ref is None else binned(nll - ref, "diff_none", "diff_none_stderr")))
 
 
@@ -193,6 +197,9 @@ def run_grid(model, tokens, docs, args, train_len):
         if r["protocol"] == "windows" and nll is not None:
             r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
             r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
+            if (crop := scored.get((*key, "crop", None))) is not None and r["method"] != "crop":
+                edges = np.linspace(0, r["eval_len"], PLOT_BINS + 1).round().astype(int)
+                r["crop_curve"] = curves(nll - crop, None, np.unique(edges), "diff_crop", "diff_crop_stderr")
     return results, {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}, crop_stride
 
 
@@ -219,39 +226,39 @@ def table(report):
             f"from its last {lo}..{hi} tokens:\n" + "\n".join(lines))
 
 
-def plot(report):
-    """PNG bytes. Per length past training, two a row: loss by position +- one standard error (top), paired difference to none."""
+def plotted(entries, chosen):
+    """The methods drawn: those chosen (--plot), else the first PLOTTED_N of PLOTTED that were scored."""
+    scored = [m for m in dict.fromkeys(r["method"] for r in entries if r.get("crop_curve"))]
+    return [m for m in scored if m in chosen] if chosen else [m for m in PLOTTED if m in scored][:PLOTTED_N]
+
+
+def plot(report, chosen=None):
+    """PNG bytes: per length past training, the loss minus crop's by position (paired, binned, +- one standard error)."""
     plt, L, ctx_len = pyplot(), report["train_len"], report.get("context_len", report["train_len"])
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
-    lens = sorted({r["eval_len"] for r in entries})
-    lens, tuned = [T for T in lens if T > L] or lens, f", dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
-    fig, places = panels(plt, len(lens), 2, 2, (8, 7.5), gridspec_kw=dict(height_ratios=[3, 2] * math.ceil(len(lens) / 2)))
-    for (top, bottom), T in zip(places, lens):
-        for i, r in enumerate(r for r in entries if r["eval_len"] == T):
-            style, name = line_style(r["method"], i), f"{label(r)}: {fmt(r['ppl_beyond_train'] or r['ppl'])}"
-            if not r["available"]:
-                top.plot([], [], " ", label=name)  # "method: n/a" in the legend
-                continue
-            c = r["curve"]  # a band per panel: the loss on top, the paired difference to none below
-            below = [(bottom, "diff_none", "diff_none_stderr", None)] if "diff_none" in c and r["method"] != "none" else []
-            for ax, key, err, legend in [(top, "loss", "stderr", name), *below]:
-                x, y, e = np.array(c["x"]) + 1, np.array(c[key]), np.array(c[err])
-                ax.plot(x, y, lw=1.2, label=legend, **style)
-                ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
-        for ax in (top, bottom):
-            ax.axvline(L, color="grey", ls=":", lw=1)
-            if tuned:  # a fine-tuned run: its own training length too
-                ax.axvline(ctx_len, color="grey", ls="-.", lw=1)
-        bottom.axhline(0, color="grey", lw=0.8)
+    lens = [T for T in sorted({r["eval_len"] for r in entries}) if T > L] or sorted({r["eval_len"] for r in entries})
+    names = plotted(entries, chosen)
+    fig, places = panels(plt, len(lens), 2, 1, (6.5, 4))
+    for (ax,), T in zip(places, lens):
+        ax.axhline(0, color="k", lw=2, label="crop (the baseline): 0")
+        for i, r in enumerate(r for r in entries if r["eval_len"] == T and r["method"] in names and r.get("crop_curve")):
+            c, style = r["crop_curve"], line_style(r["method"], i)
+            x, y, e = np.array(c["x"]) + 1, np.array(c["diff_crop"]), np.array(c["diff_crop_stderr"])
+            ax.plot(x, y, lw=1.5, marker=".", label=f"{label(r)}: {fmt(r['diff_crop'], 3)}", **style)
+            ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
+        ax.axvline(L, color="grey", ls=":", lw=1)
+        if ctx_len != L:  # a fine-tuned run: its own training length too
+            ax.axvline(ctx_len, color="grey", ls="-.", lw=1)
         n = min(r["n_units"] for r in entries if r["eval_len"] == T)
-        top.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
-                ylabel="NLL (mean over windows, binned)", xscale=report["bins"])  # bins: linear or log
-        bottom.set(xlabel="token position in window", ylabel="NLL minus none (paired)", xscale=report["bins"])
-        top.legend(fontsize=7, ncol=2, title="ppl beyond train length", title_fontsize=7)
-    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}); "
-                 f"bands: one standard error over windows; crop: truncation to the last "
-                 f"{report['crop_context'][0]}..{report['crop_context'][1]} tokens")
-    return png(fig, rect=(0, 0, 1, 0.97))
+        tuned = f", dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
+        ax.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
+               xlabel="token position in window", ylabel="loss minus crop (nats)")
+        ax.legend(fontsize=7, title="mean past train length", title_fontsize=7)
+    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}): loss minus crop's "
+                 f"on the same tokens; below zero, a method predicts better than truncation to the last {L} tokens\n"
+                 f"{PLOT_BINS} bins per length, bands one standard error over windows; every method's numbers: "
+                 f"extrapolation.json / .csv", fontsize=10)
+    return png(fig, rect=(0, 0, 1, 0.94))
 
 
 def log_wandb(report, ckpt, png_path):
@@ -292,7 +299,7 @@ def extrapolate(args):
                   crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units, results=results)
     out = args["out"]  # the figure drawn first: a failure leaves the earlier outputs as they were
-    write_all(out, {"extrapolation.png": plot(report), **json_csv("extrapolation", report, results, CSV_FIELDS)})
+    write_all(out, {"extrapolation.png": plot(report, args["plot"]), **json_csv("extrapolation", report, results, CSV_FIELDS)})
     print(table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "
           + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
           f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")

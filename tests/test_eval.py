@@ -463,3 +463,14 @@ def test_curves_of_an_empty_log_is_one_line_and_writes_nothing(tmp_path):
         f"curves.py: error: {tmp_path / 'run' / 'log.jsonl'} is empty: no evaluation logged yet; train.py appends one "
         "every eval_interval iterations"]
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_with_the_length(report):
+    x = {T: r["crop_curve"]["x"] for T, r in by(report, "yarn").items()}
+    assert len(x[2 * L]) == len(x[4 * L]) == extrapolate.PLOT_BINS and x[4 * L][1] - x[4 * L][0] == 2 * (x[2 * L][1] - x[2 * L][0])
+    for T, r in by(report, "pi").items():  # equal bins: their mean is the mean over every target
+        crop = by(report, "crop")[T]
+        assert np.mean(r["crop_curve"]["diff_crop"]) == pytest.approx(r["loss"] - crop["loss"], abs=1e-5)
+    windows = [r for r in report["results"] if r["protocol"] == "windows"]
+    assert extrapolate.plotted(windows, None) == ["none", "pi", "ntk", "yarn", "llama3"]  # of the 12 evaluated
+    assert extrapolate.plotted(windows, ["logn", "crop"]) == ["logn"]  # crop is the zero line
