@@ -1,33 +1,15 @@
 """Compare runs evaluated by eval/extrapolate.py, one figure and one markdown table across runs:
 `python eval/compare.py RUN_DIR... [--out out/compare] [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]`."""
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
+from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from runtime import UserError, arg_parser, run_cli
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
-
-
-def load_report(run_dir, protocol=None):
-    """A run's extrapolation.json; an error if it is missing, broken, empty or (protocol given) has none of its entries."""
-    path = Path(run_dir) / "extrapolation.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {path}; evaluate the run first: python eval/extrapolate.py {run_dir}")
-    try:
-        report = json.loads(path.read_text())
-        missing = [k for k in ("run", "train_len", "units", "results") if k not in report]
-    except (ValueError, TypeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
-    if missing:
-        raise UserError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
-    if not any(protocol in (None, r["protocol"]) for r in report["results"]):
-        raise UserError(f"{path} has no {protocol or 'evaluation'} results; re-run eval/extrapolate.py {run_dir}")
-    return report
 
 
 def lines(reports, protocol):

@@ -15,7 +15,7 @@ from data.dataset import doc_windows, load_split
 from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
 from eval import methods
 from eval.methods import FIXED, METHODS, forward_args, method_factor, original_len
-from eval.score import load_run, score_sliding, score_windows, sliding_windows
+from eval.score import bin_edges, load_run, mean_stderr, score_sliding, score_windows, sliding_windows
 from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROTOCOLS = ("windows", "sliding")
@@ -103,19 +103,6 @@ def window_positions(n, protocol, eval_len, stride):
     if protocol == "sliding":
         return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in sliding_windows(n, eval_len, stride)])
     return np.arange(n)
-
-
-def mean_stderr(per_unit):
-    a = np.asarray(per_unit, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None
-
-
-def bin_edges(eval_len, bins):
-    """Edges of the position bins: ~50 linear bins (2% of the length each), or ~40 log-spaced ones."""
-    if bins == "log":
-        return np.unique(np.round(np.geomspace(1, eval_len, 41)).astype(int)) - 1 if eval_len > 1 else np.array([0, 1])
-    size = max(1, eval_len // 50)
-    return np.arange(0, eval_len // size * size + 1, size)
 
 
 def per_unit(nll, pos, train_len, none, crop):

@@ -3,6 +3,7 @@ import csv
 import io
 import json
 import math
+from pathlib import Path
 
 
 def label(r):
@@ -63,3 +64,21 @@ def panels(plt, n, per_row, stacked, size, **subplots):
 def line_style(method, i):
     """crop black dashed; the others matplotlib's 10 colours, dash-dotted from the 11th on so no two look alike."""
     return dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}", ls="-" if i < 10 else "-.")
+
+
+def load_report(run_dir, protocol=None):
+    """A run's extrapolation.json (compare.py, the study); an error if it is missing, broken, empty or (protocol given) has none of its entries."""
+    from runtime import UserError  # runtime imports torch: not on import of this module
+    path = Path(run_dir) / "extrapolation.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path}; evaluate the run first: python eval/extrapolate.py {run_dir}")
+    try:
+        report = json.loads(path.read_text())
+        missing = [k for k in ("run", "train_len", "units", "results") if k not in report]
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
+    if missing:
+        raise UserError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
+    if not any(protocol in (None, r["protocol"]) for r in report["results"]):
+        raise UserError(f"{path} has no {protocol or 'evaluation'} results; re-run eval/extrapolate.py {run_dir}")
+    return report

@@ -16,10 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from data.dataset import doc_windows, load_split
 from eval import methods
-from eval.extrapolate import mean_stderr
 from eval.methods import FIXED, forward_args, original_len
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import load_run, score_rows
+from eval.score import load_run, mean_stderr, score_rows
 from runtime import UserError, arg_parser, number, parse_list, pick_device, run_cli
 
 CSV_FIELDS = ("method", "context", "multiple", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",

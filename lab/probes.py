@@ -16,11 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from data.dataset import doc_windows, load_split
 from data.synthetic import KEY_DIGITS, copy_rows, mqar_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
-from eval.extrapolate import bin_edges, mean_stderr
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args, original_len,
                           parse_pairs, unavailable, usable)
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import load_run, score_rows
+from eval.score import bin_edges, load_run, mean_stderr, score_rows
 from model import visible
 from rope import first_negative
 from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_device, run_cli

@@ -11,10 +11,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.compare import load_report
 from eval.extrapolate import parse_args as eval_options
 from lab.probes import parse_args as probe_options
-from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
+from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from lab.stats import LEVEL, holm, interval
 from runtime import ROOT, UserError, arg_parser, init_wandb, load_checkpoint, number, run_cli
 from config import load_config

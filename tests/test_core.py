@@ -93,3 +93,10 @@ def test_nothing_is_installed_under_generic_names_and_scripts_run_from_any_folde
     for script in ("eval/extrapolate.py", "eval/compare.py", "lab/study.py", "data/text/prepare.py"):
         out = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, cwd=tmp_path, env=env)
         assert out.returncode == 0 and "usage:" in out.stdout, (script, out.stderr[-300:])
+
+
+def test_a_config_builds_on_another_by_importing_it_and_states_only_what_differs():
+    from config import load_config
+    copier, base100 = load_config(["lab/configs/retrieval_small.py"]), load_config(["lab/configs/retrieval_base100.py"])
+    differ = {k: v for k, v in base100.items() if copier[k] != v}
+    assert differ == dict(out_dir="out/retrieval_base100", wandb_run_name="retrieval_base100", rope_base=100.0)

@@ -433,8 +433,8 @@ def test_a_run_that_fails_or_has_nothing_to_do_leaves_earlier_outputs_as_they_we
             in error_of([*common, "--lengths", "4", "--methods", "none,logn"]))
     assert "--protocols sliding alone draws no extrapolation.png" in error_of([*common, "--protocols", "sliding"])
 
-    def broken(report):
-        raise ValueError("the figure failed")
+    def broken(*args):
+        raise OSError("the figure failed")
     monkeypatch.setattr(extrapolate, "plot", broken)  # a failure after the numbers, while drawing
     assert error_of([str(rope_run), "--out", str(tmp_path), "--lengths", "1", "--methods", "none", "--no-wandb"]).endswith(
         "the figure failed")

@@ -299,7 +299,7 @@ def test_the_study_writes_its_outputs_last(tmp_path, monkeypatch):
     argv = ["configs/rope_small.py", "--seeds", "2", "--out", str(tmp_path / "s"), "--wandb_log", "false"]
 
     def broken(rows):
-        raise ValueError("the figure failed")
+        raise OSError("the figure failed")
     with monkeypatch.context() as m:
         m.setattr(study, "plot", broken)
         assert error_of(argv).endswith("the figure failed") and not (tmp_path / "s").exists()
