@@ -254,7 +254,8 @@ def test_bench_beside_nanogpt_times_three_models_and_names_a_bad_checkout(tmp_pa
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "no model.py there" in bad.stderr
 
 
-CONFIGS = sorted((Path(train.__file__).parent / "configs").glob("*.py"))
+CONFIG_DIRS = (Path(train.__file__).parent / "configs", Path(train.__file__).parent / "lab" / "configs")
+CONFIGS = sorted(p for folder in CONFIG_DIRS for p in folder.glob("*.py"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -264,7 +265,8 @@ def test_every_config_loads_and_a_fine_tune_matches_the_run_it_starts_from(path)
     model_config(config, vocab_size=257 if config["dataset"] == "shakespeare_bytes" else 2048)
     assert Path(config["out_dir"]).name == path.stem  # its output folder is named after it
     if config["init_from"] not in ("scratch", "resume"):  # out/X is configs/X.py's run: the model keys must agree
-        origin = train.load_config([str(path.parent / f"{Path(config['init_from']).name}.py")])
+        origin_path, = [d / f"{Path(config['init_from']).name}.py" for d in CONFIG_DIRS if (d / f"{Path(config['init_from']).name}.py").exists()]
+        origin = train.load_config([str(origin_path)])
         free = FINETUNE_KEYS + (DROPE_KEYS if config["pos_emb"] == "none" else ())
         assert {k: config[k] for k in MODEL_KEYS if k not in free} == {k: origin[k] for k in MODEL_KEYS if k not in free}
         assert config["dataset"] == origin["dataset"] and config["block_size"] >= origin["block_size"]
