@@ -147,9 +147,7 @@ def run_grid(model, tokens, docs, args, train_len):
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
             ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
-    reasons = [methods.unavailable(model.config, m, T) for p, T, m, _ in grid]
-    if all(reasons):  # asked for nothing that can be scored: say so before anything is computed or written
-        raise UserError(f"nothing to evaluate: {grid[0][2]} at {grid[0][1]} tokens: {reasons[0]}")
+    reasons = methods.reasons(model.config, [(m, T) for p, T, m, _ in grid])
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
         raise UserError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
                          f"use a stride <= {min(eval_lens)}")

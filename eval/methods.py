@@ -103,3 +103,12 @@ def unavailable(config, method, length):
         return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "
                 f"(no extrapolation): use crop (truncation) or fewer tokens")
     return None
+
+
+def reasons(config, cells):
+    """unavailable for each (method, tokens) cell a command would score; if no cell can be scored, a one-line error
+    before anything is computed or written (every command decides "nothing to evaluate" here)."""
+    why = [unavailable(config, method, n) for method, n in cells]
+    if cells and all(why):
+        raise UserError(f"nothing to evaluate: {cells[0][0]} at {cells[0][1]} tokens: {why[0]}")
+    return why

@@ -96,9 +96,9 @@ def context_sweep(args):
     if bad := [c for c in contexts if c < m] + ([run_len] if "crop" in kept and run_len < m else []):
         raise UserError(f"context {bad[0]} tokens is shorter than the {m} targets: each context needs c >= m "
                          f"(use larger --contexts or fewer --targets)")
-    grid = [(c, meth, methods.unavailable(model.config, meth, seen(meth, c, run_len))) for c in contexts for meth in kept]
-    if all(reason for *_, reason in grid):  # nothing can be scored: say so before anything is computed or written
-        raise UserError(f"nothing to evaluate: {grid[0][1]} at {grid[0][0]} tokens: {grid[0][2]}")
+    cells = [(c, meth) for c in contexts for meth in kept]
+    grid = [(c, meth, why) for (c, meth), why in
+            zip(cells, methods.reasons(model.config, [(meth, seen(meth, c, run_len)) for c, meth in cells]))]
     tokens, docs = load_split(data_dir, "val")
     C = contexts[-1]
     try:  # one set of units for every context and method: the comparisons are paired
