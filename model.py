@@ -84,6 +84,7 @@ class Positions(NamedTuple):
     per_query: tuple | None  # (inv_freq [T, head_dim/2], attention [head_dim/2]): exact causal dynamic scaling
     sinks: tuple | None  # StreamingLLM with RoPE: (n sinks, cos, sin [T, head_dim] of each query at its cache position)
     log_n: torch.Tensor | None = None  # [T, 1] log of how many keys each query sees: SSMax's
+    far: tuple | None = None  # ReRoPE / Self-Extend: (cos, sin of each query [T, D], of each key [Tk, D], window)
 
 
 class KVCache:
@@ -148,6 +149,35 @@ def logn_scale(n, train_len):
     return (n.double().log() / math.log(train_len)).clamp(min=1).float()
 
 
+def far_positions(T, Tk, window, group, device=None):
+    """Where the T newest of Tk positions sit for the pairs at least `window` apart: (queries [T], keys [Tk]).
+    ReRoPE (group None, Su 2023): every such pair at distance `window` (query at window, key at 0). Self-Extend
+    (Jin et al. 2024): grouped positions, query floor(i/G) + W - floor(W/G), key floor(j/G), so that the grouped
+    distances carry on from W. Clamped into [0, Tk): a query short of the window has no far keys anyway."""
+    q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
+    if group is None:
+        return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
+    return (q // group + window - window // group).clamp(max=Tk - 1), k // group
+
+
+def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
+    """Attention whose logit for query i and key j is q_near . k_near where i - j < window, q_far . k_far beyond
+    (ReRoPE, Self-Extend: two rotations of the same q and k); mask: bool [T, Tk] (None: causal). Chunks of queries
+    keep the two logit matrices to ~16 MB."""
+    B, H, T, D = q_near.shape
+    Tk = k_near.size(2)
+    j = torch.arange(Tk, device=v.device)
+    chunk = max(1, (1 << 22) // (B * H * Tk))
+    out = []
+    for s in range(0, T, chunk):
+        i = torch.arange(Tk - T + s, Tk - T + min(s + chunk, T), device=v.device)[:, None]
+        near = q_near[:, :, s:s + chunk] @ k_near.transpose(-1, -2)
+        att = torch.where(i - j < window, near, q_far[:, :, s:s + chunk] @ k_far.transpose(-1, -2)) / math.sqrt(D)
+        seen = (j <= i) if mask is None else mask[s:s + chunk]
+        out.append(att.masked_fill(~seen, float("-inf")).softmax(dim=-1).to(v.dtype) @ v)
+    return torch.cat(out, dim=2)
+
+
 def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with inv_freq[t],
     the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
@@ -199,7 +229,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
         Tk = k.size(2)  # the T queries are the last T of Tk positions
-        unrotated = q
+        unrotated, unrotated_k = q, k
         if pos.cos is not None:
             q = apply_rope(q, pos.cos[Tk - T:], pos.sin[Tk - T:], self.layout)
             k = apply_rope(k, pos.cos, pos.sin, self.layout)
@@ -210,11 +240,17 @@ class CausalSelfAttention(nn.Module):
             q = torch.cat((q, apply_rope(unrotated, cos, sin, self.layout)), dim=-1) * math.sqrt(2)
             k = torch.cat((k * ~sink, k * sink), dim=-1)
             v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
-        if pos.q_scale is not None:  # one scale per query: before or after the rotation alike
-            q = q * pos.q_scale.to(q.dtype)
-        if self.ssmax is not None:  # one per query and head: a scale of q keeps SDPA fused
-            q = q * (self.ssmax[:, None, None] * pos.log_n).to(q.dtype)
-        if pos.per_query is not None:  # exact causal dynamic: rotates q and k itself
+        far = None
+        if pos.far is not None:  # ReRoPE / Self-Extend: the same q and k at the far pairs' positions
+            q_cos, q_sin, k_cos, k_sin, far_window = pos.far
+            far = [apply_rope(unrotated, q_cos, q_sin, self.layout), apply_rope(unrotated_k, k_cos, k_sin, self.layout)]
+        for scale in (pos.q_scale, None if self.ssmax is None else self.ssmax[:, None, None] * pos.log_n):
+            if scale is not None:  # one per query (and head): before or after the rotation alike
+                q = q * scale.to(q.dtype)
+                far = far and [far[0] * scale.to(q.dtype), far[1]]
+        if far is not None:
+            y = merged_attention(q, k, *far, v, far_window, pos.mask)
+        elif pos.per_query is not None:  # exact causal dynamic: rotates q and k itself
             y = causal_dynamic_attention(q, k, v, *pos.per_query, pos.mask, self.layout)
         else:
             mask = pos.mask.to(q.dtype) if pos.mask is not None and pos.mask.is_floating_point() else pos.mask
@@ -316,7 +352,7 @@ class GPT(nn.Module):
             return None
         return visible(T, Tk, window, device, sinks)
 
-    def layer_positions(self, rope, start, T, window, sinks, logn_len, device):
+    def layer_positions(self, rope, start, T, window, sinks, logn_len, device, extend=None):
         """The Positions of one kind of layer over T queries after `start` cached ones. rope: (cos, sin, per_query) of
         GPT.rotary, None for a layer without rotation. A RoPE layer with a rope_window attends within the smaller of
         it and the method's window, keeping the method's sinks only where that is the method's (a layer trained
@@ -328,23 +364,30 @@ class GPT(nn.Module):
         if sinks and cos is not None:
             at = cache_positions(T, start + T, window, device)
             rotated_sinks = (sinks, cos[at], sin[at])
+        far = None
+        if extend and cos is not None:
+            at_q, at_k = far_positions(T, start + T, *extend, device)
+            far = (cos[at_q], sin[at_q], cos[at_k], sin[at_k], extend[0])
         seen = torch.arange(start + 1, start + T + 1, device=device)  # keys each query sees: causal, within the window
         seen = seen.clamp(max=window) if window else seen
         return Positions(cos, sin, self.attention_mask(T, start + T, window, sinks, per_query is not None, device),
                          logn_scale(seen, logn_len)[:, None] if logn_len else None, per_query, rotated_sinks,
-                         seen.float().log()[:, None] if self.config.ssmax else None)
+                         seen.float().log()[:, None] if self.config.ssmax else None, far)
 
     def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, sinks=0,
-                logn_len=None, last=None):
+                logn_len=None, extend=None, last=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
         cache: a KVCache, continued in place. How positions are treated, for this call only (eval/methods.py
         builds them): rope_scaling: a rope_scaling dict replacing the trained one (None: as trained);
         causal_dynamic: exact per-position dynamic scaling (a full forward, no cache); window: attend to at most
         the last `window` positions; sinks: of those, keep the first `sinks` positions of the sequence instead,
-        at StreamingLLM's cache positions (Xiao et al. 2023); logn_len: log-n attention scaling past this length.
-        rope_scaling and causal_dynamic act on the RoPE layers only; window on every layer (layer_positions)."""
+        at StreamingLLM's cache positions (Xiao et al. 2023); logn_len: log-n attention scaling past this length;
+        extend: (window, group) pairs at least `window` apart take far_positions' (ReRoPE: group None; Self-Extend).
+        rope_scaling, causal_dynamic and extend act on the RoPE layers only; window on every layer (layer_positions)."""
         if sinks and (not window or causal_dynamic or not 0 < sinks < window):
             raise ValueError(f"sinks={sinks} needs a window longer than it, without causal_dynamic (window={window})")
+        if extend and (window or causal_dynamic or extend[0] < 1):
+            raise ValueError(f"extend={extend} needs a window >= 1 and neither a sliding window nor causal_dynamic")
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -360,7 +403,7 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(positions)
         rope = self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope" else None
         # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
-        pos = {nope: self.layer_positions(None if nope else rope, start, T, window, sinks, logn_len, idx.device)
+        pos = {nope: self.layer_positions(None if nope else rope, start, T, window, sinks, logn_len, idx.device, extend)
                for nope in {block.attn.nope for block in self.transformer.h}}
         x = self.transformer.drop(x)
         for block in self.transformer.h:

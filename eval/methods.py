@@ -4,11 +4,18 @@ every encoding: the caller cuts the input to the last L tokens, so its forward g
 from runtime import UserError, number
 
 METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
-           "ntk+logn", "pairs")
+           "ntk+logn", "self-extend", "rerope", "pairs")
 FIXED = METHODS[:-1]  # the methods that need no argument: pairs takes a factor per pair (--pair_factors)
 ANY_ENCODING = ("none", "crop", "logn")  # act on the input or on attention; the others need relative positions
 MASKS = ("window", "sinks")  # masks over positions past L: for RoPE, ALiBi and NoPE, whose positions are relative
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
+EXTEND = ("self-extend", "rerope")  # exact positions within a neighbour window, grouped or clipped beyond it
+
+
+def self_extend_group(length, run_len, window):
+    """Self-Extend's group size: the smallest G whose largest grouped distance, (length - 1) // G + W - W // G, is
+    one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
+    return next(g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len)
 
 
 def applies(method, pos_emb):
@@ -40,7 +47,7 @@ def method_factor(method, length, train_len, factor=None):
     """The factor in the method's arguments at `length` tokens: None where there is none; dynamic-ntk's is
     transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
     default to the ratio that maps the length back onto the training length (never below 1)."""
-    if method in ANY_ENCODING + MASKS:
+    if method in ANY_ENCODING + MASKS + EXTEND:
         return None
     if method == "dynamic-ntk":
         return factor or 1.0
@@ -70,6 +77,9 @@ def forward_args(method, length, train_len, run_len, factor=None):
                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
         "logn": {"logn_len": L},
         "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
+        # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
+        "self-extend": {"extend": (run_len // 2, self_extend_group(length, run_len, run_len // 2))},
+        "rerope": {"extend": (run_len // 2, None)},
         # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
         "pairs": {"rope_scaling": {"rope_type": "longrope", "short_factor": s, "long_factor": s, "attention_factor": 1.0,
                                    "original_max_position_embeddings": L}},

@@ -97,9 +97,9 @@ def test_per_position_losses_average_to_the_loss(report):
 
 def test_every_method_at_factor_1_equals_none(rope_run, report, tmp_path):
     # at 1x (auto factor 1, dynamic unchanged up to the training length, crop's window the whole window,
-    # log-n scaling 1): every method and mode
+    # log-n scaling 1, Self-Extend's group 1): every method and mode but ReRoPE, which clips distances from L/2 on
     for r in report["results"]:
-        if r["eval_len"] == L and r["protocol"] == "windows":
+        if r["eval_len"] == L and r["protocol"] == "windows" and r["method"] != "rerope":
             assert r["loss_by_position"] == pytest.approx(by(report, "none")[L]["loss_by_position"], abs=1e-5), r["method"]
     # a pinned factor 1 at every length (dynamic-ntk's scale follows the length, so not that one)
     pinned = run(rope_run, tmp_path, "--lengths", "2,4", "--factor", "1", "--methods", "none,pi,ntk,yarn")
@@ -136,8 +136,8 @@ def test_the_json_has_every_field_for_every_entry(report):
     assert {"train_len", "pos_emb", "run", "checkpoint_iter", "tokens_per_length", "seed", "stride", "bins",
             "seconds_by_method", "units", "results"} <= set(report)
     assert (report["train_len"], report["pos_emb"], report["run"], report["tokens_per_length"]) == (L, "rope", "rope", 16 * L)
-    # 13 method (mode)s with windows, 12 with sliding (no causal mode there), at 3 lengths
-    assert len(report["results"]) == (13 + 12) * 3 and report["crop_context"] == [L - L // 8 + 1, L]
+    # 15 method (mode)s with windows, 14 with sliding (no causal mode there), at 3 lengths
+    assert len(report["results"]) == (15 + 14) * 3 and report["crop_context"] == [L - L // 8 + 1, L]
     for r in report["results"]:
         assert set(ENTRY_FIELDS) <= set(r) and r["available"] and r["reason"] is None
         assert (r["mode"] in ("sequence", "causal")) == (r["method"] == "dynamic-ntk")
@@ -387,7 +387,7 @@ def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
     rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert rows == ["rope / none", "rope / crop", "rope / window", "rope / sinks", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
                     "rope / dynamic-ntk (causal)", "rope / yarn", "rope / ntk-by-parts", "rope / llama3", "rope / logn",
-                    "rope / ntk+logn", "learned / none", "learned / crop", "learned / logn"]
+                    "rope / ntk+logn", "rope / self-extend", "rope / rerope", "learned / none", "learned / crop", "learned / logn"]
     assert "| learned / none | " in md and md.count("n/a") == 4  # learned none and logn at 2x and 4x
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     with pytest.raises(SystemExit) as e:

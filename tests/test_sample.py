@@ -39,8 +39,9 @@ CACHED = [m for m in FIXED if m != "crop"]  # crop is no forward argument: sampl
 
 
 def exact(method):
-    """The full forward's reference: exact causal dynamic scaling (sinks have no dynamic scale to make exact)."""
-    return {} if method == "sinks" else dict(causal_dynamic=True)
+    """The full forward's reference: exact causal dynamic scaling (sinks, Self-Extend and ReRoPE have no dynamic scale
+    to make exact)."""
+    return {} if method in ("sinks", "self-extend", "rerope") else dict(causal_dynamic=True)
 
 
 def cached(model, idx, prefill, **kw):

@@ -1,0 +1,92 @@
+"""Self-Extend (Jin et al. 2024) and ReRoPE (Su 2023) against attention built by hand from their definitions."""
+import math
+
+import pytest
+import torch
+
+from eval.methods import forward_args, self_extend_group, unavailable
+from model import GPT, GPTConfig, KVCache, far_positions, merged_attention
+from rope import apply_rope, default_inv_freq, rope_cos_sin
+
+
+def rotation(r, theta):
+    """The half-layout RoPE matrix of a turn by r: pair (p, p + d/2) turned by r * theta_p, entry by entry."""
+    d = 2 * len(theta)
+    R = torch.zeros(d, d, dtype=torch.float64)
+    for p, t in enumerate(theta.tolist()):
+        c, s = math.cos(r * t), math.sin(r * t)
+        R[p, p], R[p, p + d // 2], R[p + d // 2, p], R[p + d // 2, p + d // 2] = c, -s, s, c
+    return R
+
+
+def by_hand(q, k, v, theta, distance):
+    """One head: logit(i, j) = q_i . R(-r) k_j / sqrt(d), r = distance(i, j): RoPE's q_i at i and k_j at j meet at
+    R(j - i), so a method that puts the pair at distance r gives R(-r); causal softmax, then v."""
+    T, D = q.shape
+    out = torch.zeros_like(v)
+    for i in range(T):
+        logits = torch.tensor([float(q[i] @ rotation(-distance(i, j), theta) @ k[j]) for j in range(i + 1)],
+                              dtype=torch.float64) / math.sqrt(D)
+        out[i] = logits.softmax(0) @ v[:i + 1]
+    return out
+
+
+def rerope(w):
+    return lambda i, j: min(i - j, w)  # relative positions clipped at the window
+
+
+def self_extend(W, G):  # exact within W, beyond it floor(i/G) - floor(j/G) shifted to carry on from W
+    return lambda i, j: i - j if i - j < W else i // G - j // G + W - W // G
+
+
+@pytest.mark.parametrize("T, window, group", [(12, 4, None), (12, 4, 3), (13, 5, 2), (9, 1, 4)])
+def test_merged_attention_is_the_hand_built_one(T, window, group):
+    torch.manual_seed(0)
+    D = 8
+    q, k, v = (torch.randn(1, 1, T, D, dtype=torch.float64) for _ in range(3))
+    theta = default_inv_freq(D, 10000.0)
+
+    def rotate(x, at):
+        cos, sin = rope_cos_sin(theta, at)
+        return apply_rope(x, cos.double(), sin.double())
+    at = torch.arange(T)
+    at_q, at_k = far_positions(T, T, window, group)
+    got = merged_attention(rotate(q, at), rotate(k, at), rotate(q, at_q), rotate(k, at_k), v, window)[0, 0]
+    want = by_hand(q[0, 0], k[0, 0], v[0, 0], theta, rerope(window) if group is None else self_extend(window, group))
+    assert torch.allclose(got, want, atol=1e-6)  # float32 tables
+
+
+def test_self_extend_group_is_the_smallest_that_stays_inside_the_trained_distances():
+    # (length - 1) // G + W - W // G < L: at 256 tokens, L 64, W 32: G = 8 gives 31 + 28 = 59, G = 7 gives 36 + 28 = 64
+    assert self_extend_group(256, 64, 32) == 8
+    assert self_extend_group(64, 64, 32) == 1  # inside L nothing is grouped
+    assert forward_args("self-extend", 256, 64, 64) == {"extend": (32, 8)}
+    assert forward_args("rerope", 256, 64, 64) == {"extend": (32, None)}
+
+
+def tiny(**kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**dict(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=32), **kw})).eval()
+    with torch.no_grad():  # sharper attention, so that positions matter
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:2 * model.config.n_embd] *= 20
+    return model
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("method", ["self-extend", "rerope"])
+def test_the_kv_cache_gives_the_full_forward_and_the_method_acts_past_the_window(method):
+    model, idx = tiny(), torch.randint(0, 50, (2, 64))
+    kw = forward_args(method, 64, 16, 16)
+    full, _ = model(idx, **kw)
+    cache = KVCache(model.config.n_layer)
+    steps = [model(idx[:, :16], cache=cache, **kw)[0]] + [model(idx[:, t:t + 1], cache=cache, **kw)[0] for t in range(16, 64)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)
+    plain, _ = model(idx)
+    assert torch.allclose(full[:, :8], plain[:, :8], atol=1e-5)  # inside the window: exact positions, as trained
+    assert not torch.allclose(full[:, 16:], plain[:, 16:], atol=1e-3)
+
+
+def test_only_rope_takes_them():
+    assert unavailable(tiny(pos_emb="alibi").config, "rerope", 64)
+    assert unavailable(tiny().config, "self-extend", 64) is None
