@@ -209,15 +209,18 @@ def distinct(family):
     window exactly as ntk does) leaves the family, with the reason; it could only make the family larger."""
     kept, dropped, seen = [], [], {}
     for c in family:
-        name = f"{c['config']} {c['method']} at {c['at']}"
         key = (c["values"].shape, (np.round(c["values"], 9) + 0.0).tobytes())  # + 0.0: -0.0 is 0
         if not c["values"].any():
-            dropped.append(dict(contrast=name, reason="zero in every unit of every seed"))
+            reason = "zero in every unit of every seed"
         elif key in seen:
-            dropped.append(dict(contrast=name, reason=f"the same per-unit values as {seen[key]}"))
+            other = seen[key]
+            reason = f"the same per-unit values as {other['method']}" + (
+                "" if (other["config"], other["at"]) == (c["config"], c["at"]) else f" ({other['config']} at {other['at']})")
         else:
-            seen[key] = name
+            seen[key] = c
             kept.append(c)
+            continue
+        dropped.append(dict(config=c["config"], method=c["method"], at=c["at"], reason=reason))
     return kept, dropped
 
 
@@ -344,8 +347,13 @@ def declared_section(declared, L):
         if mine := [c for c in rows if c["kind"] in kinds]:
             text.append(f"{what}:\n\n" + table([((c["config"], c["method"]), c[at], verdict(c)) for c in mine],
                                                  sorted({c[at] for c in mine}), L))
-    if declared["dropped"]:
-        text.append("Left out of the family: " + "; ".join(f"{d['contrast']} ({d['reason']})" for d in declared["dropped"]) + ".")
+    if declared["dropped"]:  # one line per method and reason: which configs, at which lengths or distances
+        by = {}
+        for d in declared["dropped"]:
+            configs, ats = by.setdefault((d["method"], d["reason"]), ({}, {}))
+            configs[d["config"]], ats[d["at"]] = None, None
+        text.append("Left out of the family: " + "; ".join(f"{m} in {', '.join(cs)} at {', '.join(map(str, sorted(ats)))}: {r}"
+                                                          for (m, r), (cs, ats) in by.items()) + ".")
     return "\n\n".join(text)
 
 

@@ -115,10 +115,11 @@ def test_duplicates_and_zeros_leave_the_family_and_the_page_says_so():
     declared = study.contrasts(reports)
     assert [c["method"] for c in declared["rows"]] == ["ntk"] and declared["family_size"] == 1
     assert declared["dropped"] == [
-        dict(contrast="rope_small dynamic-ntk (sequence) at 64", reason="the same per-unit values as rope_small ntk at 64"),
-        dict(contrast="rope_small window at 64", reason="zero in every unit of every seed")]
+        dict(config="rope_small", method="dynamic-ntk (sequence)", at=64, reason="the same per-unit values as ntk"),
+        dict(config="rope_small", method="window", at=64, reason="zero in every unit of every seed")]
     md = study.markdown(study.aggregate(reports), 3, declared=declared)
-    assert "(m = 1)" in md and "Left out of the family: rope_small dynamic-ntk (sequence) at 64 (the same" in md
+    assert "(m = 1)" in md and "Left out of the family: dynamic-ntk (sequence) in rope_small at 64: the same per-unit " \
+                               "values as ntk; window in rope_small at 64: zero in every unit of every seed." in md
     assert declared["replicates"] == stats.replicates(1)
 
 
@@ -153,7 +154,7 @@ def test_a_control_config_is_paired_with_each_fine_tune_on_seeds_and_windows():
     declared = {(c["config"], c["method"]): c for c in family["rows"]}
     assert set(declared) == {("ft", "none - cont crop")}  # the control is not paired with itself
     # ft's crop is the control's crop on every window: zero by construction, out of the family
-    assert family["dropped"] == [dict(contrast="ft crop - cont crop at 64", reason="zero in every unit of every seed")]
+    assert family["dropped"] == [dict(config="ft", method="crop - cont crop", at=64, reason="zero in every unit of every seed")]
     none = declared["ft", "none - cont crop"]
     assert none["mean"] == pytest.approx(-0.1, abs=0.01) and none["hi"] - none["lo"] < 0.02
     assert none["decision"] == "lower than cont crop"
@@ -391,7 +392,7 @@ def test_probe_rates_past_l_are_declared_contrasts_paired_on_trials():
     assert [(c["method"], c["distance"], c["unit"]) for c in family["rows"]] == [("copy: yarn - none", 64, "trial")]
     (c,) = family["rows"]
     assert c["mean"] == pytest.approx(0.8) and c["units"] == 10 and c["margin"] == study.RATE_MARGIN
-    assert family["dropped"] == [dict(contrast="rope_small copy: crop - none at 64", reason="zero in every unit of every seed")]
+    assert family["dropped"] == [dict(config="rope_small", method="copy: crop - none", at=64, reason="zero in every unit of every seed")]
 
 
 def test_declared_method_contrasts_are_parsed_against_the_method_names():
