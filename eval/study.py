@@ -238,7 +238,7 @@ def decide(family):
         rows.append(dict(kind=c["kind"], config=c["config"], method=c["method"], ref=c["ref"], at=c["at"],
                          **({"eval_len": c["at"]} if c["kind"] != "probe" else {"distance": c["at"]}),
                          unit="document" if c["groups"] is not None else "trial" if c["kind"] == "probe" else "window",
-                         **{k: b[k] for k in ("mean", "lo", "hi", "p", "seeds", "units", "clusters", "p_tost")},
+                         **{k: b[k] for k in ("mean", "lo", "hi", "p", "p_method", "seeds", "units", "clusters", "p_tost")},
                          t=t.get("t"), p_seed=t.get("p"), p_tost_seed=t.get("p_tost"), margin=c["margin"],
                          decision=f"{'lower' if b['mean'] < 0 else 'higher'} than {c['ref']}" if differ else "undecided",
                          equivalence=None if differ else f"equivalent within +-{c['margin']:g}" if equivalent
