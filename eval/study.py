@@ -149,6 +149,19 @@ def declare(kind, config, method, ref, at, per_seed, groups, margin):
                 values=np.array(v, dtype=np.float64)) if v and len({len(x) for x in v}) == 1 else None
 
 
+def paired(mine, theirs, a, b, metric):
+    """Per seed k: mine[k][a][metric] minus theirs[k][b][metric], unit by unit (b None: mine's alone); None for a seed
+    where either is missing. mine, theirs: per seed {key: {metric: per-unit values}}."""
+    out = []
+    for p, q in zip(mine, theirs):
+        x, y = p.get(a, {}).get(metric), q.get(b, {}).get(metric) if b else 0.0
+        if x is None or y is None or (b and len(x) != len(y)):  # different trial counts cannot be paired
+            out.append(None)
+        else:
+            out.append(np.subtract(x, y))
+    return out
+
+
 def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
     """The declared loss contrasts over the targets past L (windows protocol), paired on seed k and window j: every
     method but crop minus crop (diff_crop) per config and length; each pair (a, b), a minus b (the same targets, so
@@ -158,22 +171,19 @@ def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
     for config, seeds in reports.items():
         past = [past_l(rep) for rep in seeds]
         docs = {T: shared_docs(seeds, f"windows {T}", f"{config} at {T}") for _, T in past[0]}
-        def diff(a, b, T):
-            return [None if (x := p.get((a, T), {}).get("diff_crop")) is None or (b and (y := p.get((b, T), {}).get("diff_crop")) is None)
-                    else np.subtract(x, y) if b else x for p in past]
         for name, T in past[0]:
             if name != "crop":
-                family.append(declare("crop", config, name, "crop", T, diff(name, None, T), docs[T], margin))
+                family.append(declare("crop", config, name, "crop", T, paired(past, past, (name, T), None, "diff_crop"),
+                                      docs[T], margin))
         for a, b in pairs:
-            for T in sorted({T for _, T in past[0]}):
-                family.append(declare("pair", config, f"{a} - {b}", b, T, diff(a, b, T), docs[T], margin))
+            for T in docs:
+                family.append(declare("pair", config, f"{a} - {b}", b, T, paired(past, past, (a, T), (b, T), "diff_crop"),
+                                      docs[T], margin))
         if control and config != control:
             ref = [past_l(rep) for rep in reports[control]]
             for name, T in past[0]:
-                values = [None if (x := p.get((name, T), {}).get("loss_beyond_train")) is None or
-                          (y := q.get(("crop", T), {}).get("loss_beyond_train")) is None else np.subtract(x, y)
-                          for p, q in zip(past, ref)]
-                family.append(declare("control", config, f"{name} - {control} crop", f"{control} crop", T, values, docs[T], margin))
+                family.append(declare("control", config, f"{name} - {control} crop", f"{control} crop", T,
+                                      paired(past, ref, (name, T), ("crop", T), "loss_beyond_train"), docs[T], margin))
     return [c for c in family if c]
 
 
@@ -181,25 +191,24 @@ def probe_contrasts(probes, pairs=PAIRS, control=None, margin=RATE_MARGIN):
     """The declared probe-rate contrasts at distances past L (copy and MQAR top-1, paired on seed k and trial j): every
     method but none minus none, each pair (a, b), and with a control every method of every other config minus the
     control's none. Entries without per-trial hits (older probes.py) cannot be paired and are left out."""
-    def hits(rep):
-        return {(r["probe"], r["method"], r["distance"]): np.asarray(r["hits"], dtype=np.float64) for r in rep["results"]
+    def hits(rep):  # {(probe, method, distance): {"hits": per-trial hits}}
+        return {(r["probe"], r["method"], r["distance"]): {"hits": r["hits"]} for r in rep["results"]
                 if r["probe"] in PROBES and r["available"] and r.get("hits") and r["distance"] > rep["train_len"]}
     family, ref = [], [hits(rep) for rep in probes.get(control, [])]
     for config, seeds in probes.items():
         per = [hits(rep) for rep in seeds]
-        def diff(a, b, probe, d, base=per):
-            return [x[probe, a, d] - y[probe, b, d] if (probe, a, d) in x and (probe, b, d) in y and
-                    len(x[probe, a, d]) == len(y[probe, b, d]) else None for x, y in zip(per, base)]
         for probe, method, d in per[0]:
             if method != "none":
-                family.append(declare("probe", config, f"{probe}: {method} - none", "none", d, diff(method, "none", probe, d), None, margin))
+                family.append(declare("probe", config, f"{probe}: {method} - none", "none", d,
+                                      paired(per, per, (probe, method, d), (probe, "none", d), "hits"), None, margin))
         for a, b in pairs:
             for probe, d in dict.fromkeys((p, d) for p, _, d in per[0]):
-                family.append(declare("probe", config, f"{probe}: {a} - {b}", b, d, diff(a, b, probe, d), None, margin))
+                family.append(declare("probe", config, f"{probe}: {a} - {b}", b, d,
+                                      paired(per, per, (probe, a, d), (probe, b, d), "hits"), None, margin))
         if control and config != control:
             for probe, method, d in per[0]:
                 family.append(declare("probe", config, f"{probe}: {method} - {control} none", f"{control} none", d,
-                                      diff(method, "none", probe, d, ref), None, margin))
+                                      paired(per, ref, (probe, method, d), (probe, "none", d), "hits"), None, margin))
     return [c for c in family if c]
 
 
@@ -269,8 +278,9 @@ def unit_widths(reports, sizes=BLOCKS):
     documents are unknown are left out. How the choice of unit moves the intervals."""
     widths = {}
     for config, seeds in reports.items():
-        for (name, T), _ in past_l(seeds[0]).items():
-            values = [p.get((name, T), {}).get("diff_crop") for p in map(past_l, seeds)]
+        past = [past_l(rep) for rep in seeds]
+        for name, T in past[0]:
+            values = [p.get((name, T), {}).get("diff_crop") for p in past]
             docs = shared_docs(seeds, f"windows {T}", f"{config} at {T}")
             if name == "crop" or docs is None or any(v is None for v in values):
                 continue
