@@ -315,9 +315,10 @@ def sample(rows, stat, unit, L, at):
         return None
     (u, d), *_ = per.values()
     if len(set(per.values())) == 1:
-        return f"{u} {unit}" + (f" from {d} documents" if d else "")
+        return f"{u} {unit}" + (f" from {d} document{'s' * (d != 1)}" if d else "")
     us, ds = ({a: x[i] for a, x in per.items()} for i in (0, 1))
-    by = lambda n: ", ".join(f"{x} at {a / L:g}x" for a, x in n.items())
+    def by(n):
+        return ", ".join(f"{x} at {a / L:g}x" for a, x in n.items())
     return f"U {unit}, U = {by(us)}" + ("" if None in ds.values() else
                                         f", from D documents, D = {d} at every length" if len(set(ds.values())) == 1
                                         else f", from D documents, D = {by(ds)}")
