@@ -404,3 +404,21 @@ def test_declared_method_contrasts_are_parsed_against_the_method_names():
     args = study.parse_args(["configs/rope_small.py", "--contrasts", "llama3-yarn", "--margin", "0.02"])
     assert args["contrasts"] == [("llama3", "yarn")] and args["margin"] == 0.02 and "--contrasts=llama3-yarn" in args["command"]
     assert "--margin must be >= 0" in error_of(["configs/rope_small.py", "--margin", "-1"])
+
+
+def test_a_page_says_how_many_documents_each_length_draws_from():
+    def row(T, units, docs):
+        return dict(eval_len=T, diff_crop=dict(units=units, clusters=docs, unit="document"))
+    at = lambda r: r["eval_len"]  # noqa: E731
+    assert study.sample([row(64, 44, 4), row(128, 44, 4)], "diff_crop", "windows", 32, at) == "44 windows from 4 documents"
+    assert study.sample([row(64, 371, 4), row(512, 44, 3)], "diff_crop", "windows", 32, at) == \
+        "U windows, U = 371 at 2x, 44 at 16x, from D documents, D = 4 at 2x, 3 at 16x"
+    assert study.sample([row(64, 8, 1)], "diff_crop", "windows", 32, at) == "8 windows from 1 document"
+
+
+def test_a_control_is_declared_for_probe_rates_too():
+    def seed(hits_none):
+        return dict(train_len=32, results=[dict(probe="copy", method="none", distance=64, available=True, hits=hits_none)])
+    probes = {"ft": [seed([1.0] * 6 + [0.0] * 4) for _ in range(3)], "cont": [seed([0.0] * 10) for _ in range(3)]}
+    (c,) = study.contrasts({}, probes, control="cont")["rows"]
+    assert (c["config"], c["method"], c["ref"], c["mean"], c["units"]) == ("ft", "copy: none - cont none", "cont none", 0.6, 10)
