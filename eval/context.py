@@ -104,7 +104,8 @@ def table(report):
         rows.setdefault(r["method"], {})[r["context"]] = fmt(r["loss"], 3)
     body = [["method"] + [str(c) for c in cs]] + [[k] + [v[c] for c in cs] for k, v in rows.items()]
     width = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
-    return f"loss (NLL) by context in tokens, {factor_text(report)}:\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, width)) for row in body)
+    return f"loss (NLL) by context in tokens, {factor_text(report)}:\n" + "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, width)) for row in body)
 
 
 def context_sweep(args):

@@ -84,7 +84,8 @@ def shared_docs(seeds, key, what):
     if any(d is None for d in docs):
         return None
     if any(d != docs[0] for d in docs):
-        raise UserError(f"{what}: the seeds were scored on windows of different documents; evaluate every seed with the same options")
+        raise UserError(f"{what}: the seeds were scored on windows of different documents; "
+                        "evaluate every seed with the same options")
     return docs[0]
 
 

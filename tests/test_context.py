@@ -192,7 +192,8 @@ def test_the_factor_stays_fixed_while_the_context_grows(rope_run, report, tmp_pa
     # grow: each context its own factor (the confounded sweep); PI at c <= L is then `none`, and at 4L the same as max
     grown = sweep(rope_run, tmp_path / "grow", "--factor", "grow", "--methods", "none,pi")
     assert [by(grown, "pi")[c]["factor"] for c in CONTEXTS] == [1.0, 1.0, 1.0, 2.0, 4.0]
-    assert by(grown, "pi")[L]["per_unit"] == by(grown, "none")[L]["per_unit"] and by(grown, "pi")[4 * L]["per_unit"] == pi[4 * L]["per_unit"]
+    assert by(grown, "pi")[L]["per_unit"] == by(grown, "none")[L]["per_unit"]
+    assert by(grown, "pi")[4 * L]["per_unit"] == pi[4 * L]["per_unit"]
     fixed = sweep(rope_run, tmp_path / "two", "--factor", "2", "--methods", "pi")
     assert {r["factor"] for r in fixed["results"]} == {2.0} and fixed["factor"] == 2.0
     assert by(fixed, "pi")[2 * L]["per_unit"] == by(grown, "pi")[2 * L]["per_unit"]

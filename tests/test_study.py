@@ -392,7 +392,8 @@ def test_probe_rates_past_l_are_declared_contrasts_paired_on_trials():
     assert [(c["method"], c["distance"], c["unit"]) for c in family["rows"]] == [("copy: yarn - none", 64, "trial")]
     (c,) = family["rows"]
     assert c["mean"] == pytest.approx(0.8) and c["units"] == 10 and c["margin"] == study.RATE_MARGIN
-    assert family["dropped"] == [dict(config="rope_small", method="copy: crop - none", at=64, reason="zero in every unit of every seed")]
+    assert family["dropped"] == [dict(config="rope_small", method="copy: crop - none", at=64,
+                                      reason="zero in every unit of every seed")]
 
 
 def test_declared_method_contrasts_are_parsed_against_the_method_names():
