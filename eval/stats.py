@@ -58,7 +58,7 @@ def bootstrap(values, groups=None, n_boot=REPLICATES, seed=0):
     return float(v.mean()), reps
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)  # a family has a shape per length and probe: more would be drawn again and again
 def counts(S, D, n_boot, seed):
     """The resample counts of S seeds and D clusters [n_boot, S], [n_boot, D] (uint16, read-only): they depend on
     the shape alone, so every contrast of a family with the same shape shares them (drawing them is most of the cost)."""
