@@ -14,7 +14,6 @@ from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, w
 from eval import methods
 from eval.methods import FIXED, METHODS, forward_args, method_factor, original_len
 from eval.score import load_run, score_sliding, score_windows, sliding_windows
-from eval.stats import documents
 from runtime import arg_parser, init_wandb, number, parse_list, pick_device, run_cli
 
 PROTOCOLS = ("windows", "sliding")
@@ -193,8 +192,8 @@ def run_grid(model, tokens, docs, args, train_len):
             r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
             r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
     starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
-    # each unit's held-out document: a study resamples documents, not windows (docs/methodology.md)
-    return results, starts, {k: documents(v, docs).tolist() for k, v in starts.items()}, crop_stride
+    # each unit's held-out document (the one holding its first token): a study resamples documents, not windows
+    return results, starts, {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}, crop_stride
 
 
 def helped_tokens(scored, protocol, eval_len, threshold):
