@@ -193,7 +193,8 @@ def run_grid(model, tokens, docs, args, train_len):
             r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
     starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
     # each unit's held-out document (the one holding its first token): a study resamples documents, not windows
-    return results, starts, {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}, crop_stride
+    unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
+    return results, starts, unit_docs, crop_stride
 
 
 def helped_tokens(scored, protocol, eval_len, threshold):
