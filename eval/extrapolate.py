@@ -185,7 +185,10 @@ def run_grid(model, tokens, docs, args, train_len):
             if (crop := scored.get((*key, "crop", None))) is not None and r["method"] != "crop":
                 edges = np.linspace(0, r["eval_len"], PLOT_BINS + 1).round().astype(int)
                 r["crop_curve"] = curves(nll - crop, None, np.unique(edges), "diff_crop", "diff_crop_stderr")
-    return results, {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}, crop_stride
+    starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
+    # each unit's held-out document (the one holding its first token): a study resamples documents, not windows
+    unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
+    return results, starts, unit_docs, crop_stride
 
 
 def helped_tokens(scored, protocol, eval_len, threshold):
@@ -275,14 +278,15 @@ def extrapolate(args):
               f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])} (causal: windows only)")
     tokens, docs = load_split(data_dir, "val")
     t0 = time.time()
-    results, units, crop_stride = run_grid(model, tokens, docs, args, train_len)
+    results, units, unit_docs, crop_stride = run_grid(model, tokens, docs, args, train_len)
     spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}  # the benchmark line
     report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb,
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
                   options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
                   bins=args["bins"], dataset=str(data_dir), crop_stride=crop_stride,
                   crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
-                  seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units, results=results)
+                  seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
+                  unit_docs=unit_docs, documents=len(docs), results=results)
     out = args["out"]  # the figure drawn first: a failure leaves the earlier outputs as they were
     write_all(out, {"extrapolation.png": plot(report, args["plot"]), **json_csv("extrapolation", report, results, CSV_FIELDS)})
     print(table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "

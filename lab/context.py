@@ -3,7 +3,9 @@ context.{json,csv,png} into RUN_DIR (or --out) once all is computed (docs/method
 
 Units: --units held-out windows of C_max + 1 tokens (C_max the largest context); targets: the last m tokens of each.
 At context c a method scores the unit's last c + 1 tokens from position 0 and keeps the last m NLLs, so a target
-has c - m + 1 to c tokens of context. crop is truncation: it keeps at most the run's own block_size of them."""
+has c - m + 1 to c tokens of context. crop is truncation: it keeps at most the run's own block_size of them.
+A scaling method's factor stays fixed while the context grows (--factor; default: C_max / L, the factor the
+largest context needs), so a change along the sweep comes from the context, not from a larger factor."""
 import sys
 import time
 from pathlib import Path
@@ -16,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from data.dataset import doc_windows, load_split
 from eval import methods
-from eval.methods import FIXED, forward_args, original_len
+from eval.methods import FIXED, forward_args, method_factor, original_len
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, mean_stderr, score_rows
 from runtime import UserError, arg_parser, number, parse_list, pick_device, run_cli
 
-CSV_FIELDS = ("method", "context", "multiple", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
+CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
 
 
@@ -32,6 +34,8 @@ def parse_args(argv):
             ("contexts", "0.25,0.5,1,2,4,8,16", "context lengths, multiples of the training length"),
             ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"), ("units", "32", "held-out windows"),
             ("targets", "auto", "targets per window: auto (training length // 8) or a number"),
+            ("factor", "max", "the methods' factor at every context: max (the largest context's), grow (each "
+                              "context's own, so the factor grows with the context) or one number >= 1"),
             ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
@@ -42,7 +46,8 @@ def parse_args(argv):
     return dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device), contexts=contexts,
                 options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, FIXED),
                 units=number(a.units, "units", int, 1), seed=number(a.seed, "seed", int, 0),
-                targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1))
+                targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1),
+                factor=a.factor if a.factor in ("max", "grow") else number(a.factor, "factor", float, 1))
 
 
 def seen(method, c, run_len):
@@ -50,10 +55,19 @@ def seen(method, c, run_len):
     return min(c, run_len) if method == "crop" else c
 
 
-def score(model, units, c, m, method, train_len):
+def factor_at(method, c, C, train_len, factor):
+    """The factor a method scales by at context c (None: it has none): under "max" the one the largest context C needs,
+    under "grow" c's own (the factor then grows with the context), else the number given. dynamic-ntk's scale follows
+    the length by itself (its factor is another thing, the extra multiplier): it keeps its own."""
+    if method == "dynamic-ntk":
+        return method_factor(method, c, train_len)
+    return method_factor(method, c, train_len, {"max": method_factor(method, C, train_len), "grow": None}.get(factor, factor))
+
+
+def score(model, units, c, m, method, train_len, factor=None):
     """Per-unit mean NLL of the last m targets, each unit's last seen(...) + 1 tokens scored from position 0."""
     run_len = model.config.block_size
-    kwargs = {} if method == "crop" else forward_args(method, c, train_len, run_len)
+    kwargs = {} if method == "crop" else forward_args(method, c, train_len, run_len, factor)
     return score_rows(model, units[:, -(seen(method, c, run_len) + 1):], last=m, **kwargs)[0].mean(axis=1)
 
 
@@ -74,9 +88,15 @@ def plot(report):
     ax.set(xlabel="context c (tokens)", ylabel="NLL of the same targets (mean, +-1 s.e. over units)",
            title=f"{report['run']} ({report['pos_emb']}, trained at {L}, dotted): {report['units']} units x "
                  f"{report['targets']} targets,\neach with c - {report['targets']} + 1 to c tokens of context "
-                 f"(crop, dashed: at most {report['context_len']})")
+                 f"(crop, dashed: at most {report['context_len']}); {factor_text(report)}")
     ax.legend(fontsize=8)
     return png(fig)
+
+
+def factor_text(report):
+    f, top = report["factor"], max(report["contexts"]) / report["train_len"]
+    return (f"factor fixed at {max(1.0, top):g} (the largest context's)" if f == "max" else "factor c / L (grows with c)"
+            if f == "grow" else f"factor fixed at {f:g}")
 
 
 def table(report):
@@ -85,7 +105,8 @@ def table(report):
         rows.setdefault(r["method"], {})[r["context"]] = fmt(r["loss"], 3)
     body = [["method"] + [str(c) for c in cs]] + [[k] + [v[c] for c in cs] for k, v in rows.items()]
     width = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
-    return "loss (NLL) by context in tokens:\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, width)) for row in body)
+    return f"loss (NLL) by context in tokens, {factor_text(report)}:\n" + "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, width)) for row in body)
 
 
 def context_sweep(args):
@@ -110,9 +131,10 @@ def context_sweep(args):
     units, t0, results = np.stack([tokens[s:s + C + 1] for s in starts]).astype(np.int64), time.time(), []
     for c, method, reason in tqdm(grid, desc="context", unit="eval"):
         t1, n = time.time(), seen(method, c, run_len)
-        per_unit = None if reason else score(model, units, c, m, method, L)
+        s = factor_at(method, c, C, L, args["factor"])
+        per_unit = None if reason else score(model, units, c, m, method, L, s)
         loss, stderr = (None, None) if reason else mean_stderr(per_unit)
-        results.append(dict(method=method, context=c, multiple=c / L, context_range=[n - m + 1, n], loss=loss,
+        results.append(dict(method=method, context=c, multiple=c / L, factor=s, context_range=[n - m + 1, n], loss=loss,
                             ppl=None if reason else math.exp(loss), stderr=stderr, raw=per_unit,
                             available=reason is None, reason=reason, seconds=round(time.time() - t1, 3)))
     crop = {r["context"]: r["raw"] for r in results if r["method"] == "crop"}
@@ -122,7 +144,7 @@ def context_sweep(args):
         r["diff_crop"], r["diff_crop_stderr"] = (None, None) if raw is None or ref is None else mean_stderr(raw - ref)
         r["per_unit"] = None if raw is None else np.round(raw, 6).tolist()
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, pos_emb=pos_emb, train_len=L,
-                  context_len=run_len, units=len(starts), targets=m, seed=args["seed"], contexts=contexts,
+                  context_len=run_len, units=len(starts), targets=m, seed=args["seed"], contexts=contexts, factor=args["factor"],
                   options=args["options"], seconds=round(time.time() - t0, 1), starts=[int(s) for s in starts],
                   results=results)
     write_all(args["out"], {"context.png": plot(report), **json_csv("context", report, results, CSV_FIELDS)})

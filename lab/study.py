@@ -2,6 +2,7 @@
 import json
 import math
 import os
+from functools import lru_cache
 import shlex
 import subprocess
 import sys
@@ -14,13 +15,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from eval.extrapolate import parse_args as eval_options
 from lab.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
-from lab.stats import LEVEL, holm, interval
+from eval.methods import METHODS
+from lab.stats import LEVEL, both, blocks, documents, interval, replicates, seed_test
 from runtime import ROOT, UserError, arg_parser, init_wandb, load_checkpoint, number, run_cli
 from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
 KEYS = ("protocol", "method", "mode", "eval_len")  # with the config, what a row aggregates over seeds
 PAIRS = (("yarn", "ntk-by-parts"),)  # declared contrasts between two methods: YaRN with and without its temperature
+PROBES = ("copy", "mqar")  # probe rates with declared contrasts (passkey: exact match, too coarse on these models)
+MARGIN, RATE_MARGIN = 0.01, 0.05  # equivalence margins: nats of loss, and a probe's top-1
+BLOCKS = (16, 64)  # block lengths (training lengths) in the table of interval widths by unit
 
 
 def last_iter(run_dir):
@@ -57,18 +62,48 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None):
     return run_dir
 
 
-def spread(values, what):
-    """eval.stats.interval of values [seeds, units] (a seed's None: not available), or None where no seed has them."""
+@lru_cache(maxsize=None)
+def val_bounds(dataset):
+    """The val split's document bounds of a report's dataset folder (in another checkout: data/ of the same name), or None."""
+    for folder in (Path(dataset), ROOT / "data" / Path(dataset).name):
+        if (folder / "val_docs.npy").is_file():
+            return np.load(folder / "val_docs.npy")
+
+
+def unit_docs(rep, key):
+    """Each unit's held-out document for rep["units"][key] (key: 'windows 512'): as eval/extrapolate.py recorded it, or
+    for an older report from the starts and its dataset's document bounds; None where neither can be had."""
+    if key in (rep.get("unit_docs") or {}):
+        return rep["unit_docs"][key]
+    if key in (rep.get("units") or {}) and rep.get("dataset") and (bounds := val_bounds(rep["dataset"])) is not None:
+        return documents(rep["units"][key], bounds).tolist()
+
+
+def shared_docs(seeds, key, what):
+    """The units' documents, the same for every seed (each seed was scored on the same windows), or None if unknown."""
+    docs = [unit_docs(rep, key) for rep in seeds]
+    if any(d is None for d in docs):
+        return None
+    if any(d != docs[0] for d in docs):
+        raise UserError(f"{what}: the seeds were scored on windows of different documents; "
+                        "evaluate every seed with the same options")
+    return docs[0]
+
+
+def spread(values, what, groups=None, unit="window"):
+    """eval.stats.interval of values [seeds, units] (a seed's None: not available), resampling groups (a document per
+    unit; None: each unit on its own), or None where no seed has them; `unit` names what is resampled."""
     v = [u for u in values if u is not None]
     if len({len(u) for u in v}) > 1:  # the two-way bootstrap pairs unit j of every seed: they must be the same units
         raise UserError(f"{what}: the seeds were scored on different units ({', '.join(str(len(u)) for u in v)} of them); "
                          "evaluate every seed with the same options")
-    return interval(v) if v else None
+    return dict(interval(v, groups), unit="document" if groups is not None else unit) if v else None
 
 
 def aggregate(reports):
     """{config: [per-seed extrapolation reports]} -> one row per (config, protocol, method, mode, length): per metric the
-    mean over seeds x units (windows or stretches) and its two-way bootstrap interval; per_seed: each seed's mean."""
+    mean over seeds x units (windows or stretches) and its two-way bootstrap interval over seeds and held-out documents
+    (windows where the documents are unknown); per_seed: each seed's mean."""
     rows, units = {}, {}
     for config, rep, r in ((c, rep, r) for c, seeds in reports.items() for rep in seeds for r in rep["results"]):
         if "per_unit" not in r:
@@ -79,7 +114,9 @@ def aggregate(reports):
         for m in METRICS:
             row["per_seed"][m].append(r.get(m))  # an entry that is not available has none
             units.setdefault((key, m), []).append((r["per_unit"] or {}).get(m))  # None: the entry is not available
-    return [dict(row, **{m: spread(units[key, m], f"{' '.join(map(str, key))} {m}") for m in METRICS}) for key, row in rows.items()]
+    docs = {key: shared_docs(reports[key[0]], f"{key[1]} {key[4]}", " ".join(map(str, key))) for key in rows}
+    return [dict(row, **{m: spread(units[key, m], f"{' '.join(map(str, key))} {m}", docs[key]) for m in METRICS})
+            for key, row in rows.items()]
 
 
 def aggregate_probes(reports):
@@ -98,55 +135,164 @@ def aggregate_probes(reports):
                                                 value=None, per_seed=[], seeds_that_copy=copies))
                 row["per_seed"].append(float(np.mean(v)))
                 units.setdefault(key, []).append(v)
-    return [dict(r, value=spread(units[key], " ".join(map(str, key)))) for key, r in rows.items()]
+    return [dict(r, value=spread(units[key], " ".join(map(str, key)), unit="trial")) for key, r in rows.items()]
 
 
-def between(reports, a, b):
-    """(config, length, interval) of method a minus method b over the targets past L (windows protocol), paired on the
-    same seeds x windows: for yarn and ntk-by-parts, YaRN's temperature alone (the same frequencies)."""
-    diffs = {}
+def past_l(rep):
+    """{(method label, length): {metric: per-window values}} of a report's windows protocol past L (None: not available)."""
+    return {(label(r), r["eval_len"]): r["per_unit"] or {} for r in rep["results"]
+            if r["protocol"] == "windows" and r["eval_len"] > rep["train_len"]}
+
+
+def declare(kind, config, method, ref, at, per_seed, groups, margin):
+    """A declared contrast: per seed its per-unit values (a seed without them is left out), the units' documents."""
+    v = [x for x in per_seed if x is not None]
+    return dict(kind=kind, config=config, method=method, ref=ref, at=at, groups=groups, margin=margin,
+                values=np.array(v, dtype=np.float64)) if v and len({len(x) for x in v}) == 1 else None
+
+
+def paired(mine, theirs, a, b, metric):
+    """Per seed k: mine[k][a][metric] minus theirs[k][b][metric], unit by unit (b None: mine's alone); None for a seed
+    where either is missing. mine, theirs: per seed {key: {metric: per-unit values}}."""
+    out = []
+    for p, q in zip(mine, theirs):
+        x, y = p.get(a, {}).get(metric), q.get(b, {}).get(metric) if b else 0.0
+        if x is None or y is None or (b and len(x) != len(y)):  # different trial counts cannot be paired
+            out.append(None)
+        else:
+            out.append(np.subtract(x, y))
+    return out
+
+
+def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
+    """The declared loss contrasts over the targets past L (windows protocol), paired on seed k and window j: every
+    method but crop minus crop (diff_crop) per config and length; each pair (a, b), a minus b (the same targets, so
+    a's diff_crop minus b's); with a control config, every method of every other config minus the control's crop
+    (a fine-tune and its control start from the same seed)."""
+    family = []
     for config, seeds in reports.items():
-        for rep in seeds:
-            past = {(r["method"], r["eval_len"]): (r["per_unit"] or {}).get("diff_crop") for r in rep["results"]
-                    if r["protocol"] == "windows" and r["eval_len"] > rep["train_len"]}
-            for (m, T), v in past.items():
-                if m == a and v is not None and past.get((b, T)) is not None:
-                    diffs.setdefault((config, T), []).append(np.subtract(v, past[b, T]).tolist())
-    return [(c, T, spread(v, f"{c} {a} - {b} at {T}")) for (c, T), v in diffs.items()]
+        past = [past_l(rep) for rep in seeds]
+        docs = {T: shared_docs(seeds, f"windows {T}", f"{config} at {T}") for _, T in past[0]}
+        for name, T in past[0]:
+            if name != "crop":
+                family.append(declare("crop", config, name, "crop", T, paired(past, past, (name, T), None, "diff_crop"),
+                                      docs[T], margin))
+        for a, b in pairs:
+            for T in docs:
+                family.append(declare("pair", config, f"{a} - {b}", b, T, paired(past, past, (a, T), (b, T), "diff_crop"),
+                                      docs[T], margin))
+        if control and config != control:
+            ref = [past_l(rep) for rep in reports[control]]
+            for name, T in past[0]:
+                family.append(declare("control", config, f"{name} - {control} crop", f"{control} crop", T,
+                                      paired(past, ref, (name, T), ("crop", T), "loss_beyond_train"), docs[T], margin))
+    return [c for c in family if c]
 
 
-def past_l(rep, r):
-    """r's per-window loss over the targets past L (windows protocol), or None."""
-    if r["protocol"] == "windows" and r["eval_len"] > rep["train_len"]:
-        return (r["per_unit"] or {}).get("loss_beyond_train")
+def probe_contrasts(probes, pairs=PAIRS, control=None, margin=RATE_MARGIN):
+    """The declared probe-rate contrasts at distances past L (copy and MQAR top-1, paired on seed k and trial j): every
+    method but none minus none, each pair (a, b), and with a control every method of every other config minus the
+    control's none. Entries without per-trial hits (older probes.py) cannot be paired and are left out."""
+    def hits(rep):  # {(probe, method, distance): {"hits": per-trial hits}}
+        return {(r["probe"], r["method"], r["distance"]): {"hits": r["hits"]} for r in rep["results"]
+                if r["probe"] in PROBES and r["available"] and r.get("hits") and r["distance"] > rep["train_len"]}
+    family, ref = [], [hits(rep) for rep in probes.get(control, [])]
+    for config, seeds in probes.items():
+        per = [hits(rep) for rep in seeds]
+        for probe, method, d in per[0]:
+            if method != "none":
+                family.append(declare("probe", config, f"{probe}: {method} - none", "none", d,
+                                      paired(per, per, (probe, method, d), (probe, "none", d), "hits"), None, margin))
+        for a, b in pairs:
+            for probe, d in dict.fromkeys((p, d) for p, _, d in per[0]):
+                family.append(declare("probe", config, f"{probe}: {a} - {b}", b, d,
+                                      paired(per, per, (probe, a, d), (probe, b, d), "hits"), None, margin))
+        if control and config != control:
+            for probe, method, d in per[0]:
+                family.append(declare("probe", config, f"{probe}: {method} - {control} none", f"{control} none", d,
+                                      paired(per, ref, (probe, method, d), (probe, "none", d), "hits"), None, margin))
+    return [c for c in family if c]
 
 
-def against(reports, control):
-    """(config, method, length, interval) of each other config's loss past L minus the control config's crop, paired on
-    seed k and window j: a fine-tune and its control (trained on for the same tokens at L) start from the same seed."""
-    crop = [{r["eval_len"]: past_l(rep, r) for r in rep["results"] if r["method"] == "crop"} for rep in reports[control]]
-    diffs = {}
-    for config in (c for c in reports if c != control):
-        for rep, ref in zip(reports[config], crop):
-            for r in rep["results"]:
-                if (v := past_l(rep, r)) is not None and ref.get(r["eval_len"]) is not None:
-                    diffs.setdefault((config, label(r), r["eval_len"]), []).append(np.subtract(v, ref[r["eval_len"]]).tolist())
-    return [(*key, spread(v, f"{' '.join(map(str, key))} - {control} crop")) for key, v in diffs.items()]
+def distinct(family):
+    """(kept, dropped): a contrast whose two sides agree on every unit of every seed (zero by construction, e.g. crop
+    against none inside L) or whose values repeat an earlier contrast's (dynamic-ntk in sequence mode scores a full
+    window exactly as ntk does) leaves the family, with the reason; it could only make the family larger."""
+    kept, dropped, seen = [], [], {}
+    for c in family:
+        key = (c["values"].shape, (np.round(c["values"], 9) + 0.0).tobytes())  # + 0.0: -0.0 is 0
+        if not c["values"].any():
+            reason = "zero in every unit of every seed"
+        elif key in seen:
+            other = seen[key]
+            reason = f"the same per-unit values as {other['method']}" + (
+                "" if (other["config"], other["at"]) == (c["config"], c["at"]) else f" ({other['config']} at {other['at']})")
+        else:
+            seen[key] = c
+            kept.append(c)
+            continue
+        dropped.append(dict(config=c["config"], method=c["method"], at=c["at"], reason=reason))
+    return kept, dropped
 
 
-def contrasts(rows, reports=None, control=None):
-    """The declared family: each method but crop against crop past L (diff_crop, windows protocol, every length > L and
-    config), each of PAIRS (a minus b past L, from the reports), and with a control config every other config's methods
-    against the control's crop, decided together by Holm's procedure."""
-    family = [(dict(config=r["config"], method=label(r), eval_len=r["eval_len"]), "crop", r["diff_crop"]) for r in rows
-              if r["protocol"] == "windows" and r["method"] != "crop" and r["eval_len"] > r["train_len"] and r["diff_crop"]]
-    family += [(dict(config=c, method=f"{a} - {b}", eval_len=T), b, d) for a, b in PAIRS for c, T, d in between(reports or {}, a, b)]
+def decide(family):
+    """Each contrast's interval, bootstrap p, seed-level t-test and TOST, the family decided by Holm on both tests:
+    "lower/higher than ref" where both reject, else "equivalent within +-margin" where both one-sided pairs reject
+    (Holm over the family too), else "no difference found". Replicates: enough for Holm's smallest threshold."""
+    n_boot = replicates(len(family))
+    tested = [(interval(c["values"], c["groups"], n_boot, margin=c["margin"]), seed_test(c["values"], c["margin"]) or {})
+              for c in family]
+    apart = both([b["p"] for b, _ in tested], [t.get("p") for _, t in tested])
+    same = both([b["p_tost"] for b, _ in tested], [t.get("p_tost") for _, t in tested])
+    rows = []
+    for c, (b, t), differ, equivalent in zip(family, tested, apart, same):
+        rows.append(dict(kind=c["kind"], config=c["config"], method=c["method"], ref=c["ref"], at=c["at"],
+                         **({"eval_len": c["at"]} if c["kind"] != "probe" else {"distance": c["at"]}),
+                         unit="document" if c["groups"] is not None else "trial" if c["kind"] == "probe" else "window",
+                         **{k: b[k] for k in ("mean", "lo", "hi", "p", "p_method", "seeds", "units", "clusters", "p_tost")},
+                         t=t.get("t"), p_seed=t.get("p"), p_tost_seed=t.get("p_tost"), margin=c["margin"],
+                         decision=f"{'lower' if b['mean'] < 0 else 'higher'} than {c['ref']}" if differ else "undecided",
+                         equivalence=None if differ else f"equivalent within +-{c['margin']:g}" if equivalent
+                         else "no difference found"))
+    return rows, n_boot
+
+
+def contrasts(reports, probes=None, control=None, pairs=PAIRS, margin=MARGIN, rate_margin=RATE_MARGIN):
+    """The page's declared family (loss_contrasts and probe_contrasts), its duplicates and zeros removed, decided
+    together (decide): {family, family_size, replicates, holm_alpha, margin, rate_margin, rows, dropped}."""
+    family, dropped = distinct(loss_contrasts(reports, pairs, control, margin) +
+                               probe_contrasts(probes or {}, pairs, control, rate_margin))
+    rows, n_boot = decide(family) if family else ([], 0)
+    what = ["every method but crop minus crop past L, at every length past L in every config",
+            *(f"{a} minus {b} past L" for a, b in pairs)]
     if control:
-        family += [(dict(config=c, method=f"{m} - {control} crop", eval_len=T), f"{control} crop", d)
-                   for c, m, T, d in against(reports, control)]
-    return [dict(key, **{k: d[k] for k in ("mean", "lo", "hi", "p")},
-                 decision=f"{'lower' if d['mean'] < 0 else 'higher'} than {ref}" if decided else "undecided")
-            for (key, ref, d), decided in zip(family, holm([d["p"] for _, _, d in family]))]
+        what.append(f"every method of the other configs minus {control}'s crop past L")
+    if any(c["kind"] == "probe" for c in family):
+        what.append(f"{' and '.join(PROBES)} top-1 at distances past L: every method minus none"
+                    + "".join(f", {a} minus {b}" for a, b in pairs) + (f", every method minus {control}'s none" if control else ""))
+    return dict(family="; ".join(what), family_size=len(rows), replicates=n_boot, holm_alpha=round(1 - LEVEL, 6),
+                margin=margin, rate_margin=rate_margin, rows=rows, dropped=dropped)
+
+
+def unit_widths(reports, sizes=BLOCKS):
+    """{length: {unit: (clusters, median width)}}: the 95% intervals of diff_crop past L (windows protocol, every method
+    and config), resampling windows, blocks of b training lengths within a document, or documents; lengths whose
+    documents are unknown are left out. How the choice of unit moves the intervals."""
+    widths = {}
+    for config, seeds in reports.items():
+        past = [past_l(rep) for rep in seeds]
+        for name, T in past[0]:
+            values = [p.get((name, T), {}).get("diff_crop") for p in past]
+            docs = shared_docs(seeds, f"windows {T}", f"{config} at {T}")
+            if name == "crop" or docs is None or any(v is None for v in values):
+                continue
+            starts, L = seeds[0]["units"][f"windows {T}"], seeds[0]["train_len"]
+            units = {"window": None, **{f"{b}L block": blocks(starts, docs, b * L) for b in sizes}, "document": docs}
+            for unit, groups in units.items():
+                r = interval(values, groups)
+                widths.setdefault(T, {}).setdefault(unit, []).append((r["clusters"], r["hi"] - r["lo"]))
+    return {T: {u: (max(c for c, _ in w), float(np.median([x for _, x in w]))) for u, w in by.items()}
+            for T, by in sorted(widths.items())}
 
 
 def cell(s, transform=lambda x: x, digits=2):
@@ -163,17 +309,82 @@ def table(cells, cols, L):
                       *(f"| {c} | {m} |" + "".join(f" {row.get(a, '')} |" for a in cols) for (c, m), row in body.items())])
 
 
+def sample(rows, stat, unit, L, at):
+    """What the cells of a table are over: 'U windows from D documents', by length where those differ."""
+    per = dict(sorted((at(r), (r[stat]["units"], r[stat].get("clusters") if r[stat].get("unit") == "document" else None))
+                      for r in rows if r[stat]))
+    if not per:
+        return None
+    (u, d), *_ = per.values()
+    if len(set(per.values())) == 1:
+        return f"{u} {unit}" + (f" from {d} document{'s' * (d != 1)}" if d else "")
+    us, ds = ({a: x[i] for a, x in per.items()} for i in (0, 1))
+    def by(n):
+        return ", ".join(f"{x} at {a / L:g}x" for a, x in n.items())
+    return f"U {unit}, U = {by(us)}" + ("" if None in ds.values() else
+                                        f", from D documents, D = {d} at every length" if len(set(ds.values())) == 1
+                                        else f", from D documents, D = {by(ds)}")
+
+
 def section(title, rows, stat, seeds, unit, L, key=lambda r: (r["config"], label(r)), at=lambda r: r["eval_len"],
             transform=lambda x: x, digits=3, note=""):
     """'### title', what a cell is over, and the table of r[stat], a row per key(r), a column per at(r); None if no row has it."""
-    if units := dict(sorted((at(r), r[stat]["units"]) for r in rows if r[stat])):
-        n = f"{units.popitem()[1]} {unit}" if len(set(units.values())) == 1 else f"U {unit}, U = " + ", ".join(
-            f"{u} at {a / L:g}x" for a, u in units.items())  # windows: fewer as they get longer
-        return (f"### {title}\n\nmean [{LEVEL:.0%} bootstrap interval over {seeds} seeds x {n}]{note}\n\n"
+    if n := sample(rows, stat, unit, L, at):
+        what = "; the documents are not recorded: each unit resampled on its own" \
+            if unit in ("windows", "stretches") and "documents" not in n else ""
+        return (f"### {title}\n\nmean [{LEVEL:.0%} bootstrap interval over {seeds} seeds x {n}]{what}{note}\n\n"
                 + table([(key(r), at(r), cell(r[stat], transform, digits)) for r in rows], sorted({at(r) for r in rows}), L))
 
 
-def markdown(rows, seeds, probe_rows=(), reports=None, control=None):
+def verdict(c):
+    """A contrast's cell: 'mean [lo, hi] decision, n seeds'."""
+    word = c["decision"].split()[0] if c["decision"] != "undecided" else \
+        "equivalent" if c["equivalence"].startswith("equivalent") else "no difference found"
+    return f"{cell(c, digits=3)} {word}, {c['seeds']} seeds"
+
+
+def declared_section(declared, L):
+    """The family's description, its size, how it is decided, its tables (loss contrasts by length, probe contrasts by
+    distance) and what left it."""
+    rows, m = declared["rows"], declared["family_size"]
+    text = [f"### Declared contrasts: the family of this page\n\nThe family: {declared['family']} (m = {m}), decided "
+            f"together by Holm's procedure at {declared['holm_alpha']:.2f} family-wise. A contrast is decided (lower or "
+            f"higher) only where Holm rejects both the two-way bootstrap over seeds and documents (p from "
+            f"{declared['replicates']:,} replicates, fine enough for the smallest threshold {declared['holm_alpha']:.2f} / {m}) "
+            f"and the paired t-test on the seed means; with fewer than 2 seeds nothing is decided. Not decided: "
+            f"\"equivalent\" where both two one-sided tests (Holm) put it within +-{declared['margin']:g} nats "
+            f"(probe rates: +-{declared['rate_margin']:g}), else \"no difference found\". Each cell: mean "
+            f"[{LEVEL:.0%} bootstrap interval], the decision and the seeds it rests on. Each page is its own family."]
+    for kinds, what, at in ((("crop", "pair", "control"), "loss minus the reference over the targets past L (nats), "
+                             "windows protocol", "eval_len"), (("probe",), "probe top-1 differences, by distance", "distance")):
+        if mine := [c for c in rows if c["kind"] in kinds]:
+            text.append(f"{what}:\n\n" + table([((c["config"], c["method"]), c[at], verdict(c)) for c in mine],
+                                                 sorted({c[at] for c in mine}), L))
+    if declared["dropped"]:  # one line per method and reason: which configs, at which lengths or distances
+        by = {}
+        for d in declared["dropped"]:
+            configs, ats = by.setdefault((d["method"], d["reason"]), ({}, {}))
+            configs[d["config"]], ats[d["at"]] = None, None
+        text.append("Left out of the family: " + "; ".join(f"{m} in {', '.join(cs)} at {', '.join(map(str, sorted(ats)))}: {r}"
+                                                          for (m, r), (cs, ats) in by.items()) + ".")
+    return "\n\n".join(text)
+
+
+def widths_section(widths, L):
+    """The table of interval widths by unit of resampling (unit_widths)."""
+    if not widths:
+        return None
+    units = list(next(iter(widths.values())))
+    head = "| length |" + "".join(f" {u} |" for u in units) + "\n| --- |" + " ---: |" * len(units)
+    body = [f"| {T / L:g}x ({T}) |" + "".join(f" {by[u][1]:.4f} ({by[u][0]}) |" if u in by else " |" for u in units)
+            for T, by in widths.items()]
+    return ("### How the unit of resampling moves the intervals\n\nmedian width of the 95% intervals of loss minus crop past L "
+            "(every method and config, windows protocol) when seeds and the unit are resampled, and (in brackets) how "
+            "many units there are: windows on their own, blocks of b training lengths within a document, or whole "
+            "documents (the unit of every other interval on this page)\n\n" + "\n".join([head, *body]))
+
+
+def markdown(rows, seeds, probe_rows=(), declared=None, widths=None):
     L, tables = rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         rs, unit = [r for r in rows if r["protocol"] == protocol], "windows" if protocol == "windows" else "stretches"
@@ -192,14 +403,9 @@ def markdown(rows, seeds, probe_rows=(), reports=None, control=None):
             tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],
                                   key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]),
                                   note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing"))
-    if declared := contrasts(rows, reports, control):
-        cells = [((c["config"], c["method"]), c["eval_len"], f"{cell(c, digits=3)} {c['decision'].split()[0]}") for c in declared]
-        versus = f", every method of the other configs minus {control}'s crop (paired on seeds x windows)" if control else ""
-        tables.append(f"### Declared contrasts: loss minus crop over the targets past L, windows protocol\n\nmean [{LEVEL:.0%} "
-                      f"bootstrap interval] and the decision; the family, every method but crop at every length past L in every "
-                      f"config, {', '.join(f'{a} minus {b}' for a, b in PAIRS)} (YaRN's temperature alone, paired on the "
-                      f"same windows){versus} (m = {len(declared)}), is decided together by Holm's procedure at "
-                      f"{1 - LEVEL:.2f} family-wise.\n\n" + table(cells, sorted({c["eval_len"] for c in declared}), L))
+    if declared and declared["rows"]:
+        tables.append(declared_section(declared, L))
+    tables.append(widths_section(widths, L))
     return "\n\n".join(t for t in tables if t) + "\n"
 
 
@@ -222,7 +428,7 @@ def plot(rows):
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop past L (nats)")
         bottom.set_xscale("log", base=2)
         top.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"mean over seeds x windows; error bars: {LEVEL:.0%} bootstrap interval\n(seeds and windows resampled); "
+    fig.suptitle(f"mean over seeds x windows; error bars: {LEVEL:.0%} bootstrap interval\n(seeds and documents resampled); "
                  "lower row below 0: better than crop", fontsize=10)
     return png(fig)
 
@@ -247,6 +453,19 @@ def from_root(path):
     return str(Path(path).resolve())
 
 
+def parse_contrasts(text):
+    """--contrasts 'a-b,c-d' as [(a, b), ...]: each entry cut at the one '-' that leaves a method name on both sides
+    (method names hold '-' themselves: dynamic-ntk-ntk is dynamic-ntk minus ntk)."""
+    pairs = []
+    for entry in filter(None, text.split(",")):
+        cuts = [(entry[:i], entry[i + 1:]) for i, ch in enumerate(entry) if ch == "-"
+                and entry[:i] in METHODS and entry[i + 1:] in METHODS]
+        if len(cuts) != 1 or cuts[0][0] == cuts[0][1]:
+            raise UserError(f"--contrasts {entry!r} is not a-b for two different methods of {', '.join(METHODS)}")
+        pairs.append(cuts[0])
+    return pairs
+
+
 def parse_args(argv):
     p = arg_parser(__doc__)
     p.add_argument("configs", nargs="+", help="config files (configs/*.py, lab/configs/*.py)")
@@ -256,6 +475,9 @@ def parse_args(argv):
             ("eval_args", "", "options for every eval/extrapolate.py run"),
             ("probe_args", None, "options for lab/probes.py ('' for its defaults; not given: no probes)"),
             ("control", None, "one of the configs: every other config's methods against its crop past L (a matched control)"),
+            ("contrasts", "", "more declared method contrasts, a-b[,c-d]: method a minus method b (e.g. llama3-yarn)"),
+            ("margin", str(MARGIN), "equivalence margin of a loss contrast (nats)"),
+            ("rate_margin", str(RATE_MARGIN), "equivalence margin of a probe-rate contrast (top-1)"),
             ("wandb_log", "true", "true | false")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
@@ -264,7 +486,8 @@ def parse_args(argv):
     args = dict(configs=a.configs, seeds=number(a.seeds, "seeds", int, 1), out=Path(a.out), train_args=shlex.split(a.train_args),
                 eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
-                control=a.control and Path(a.control).stem)
+                control=a.control and Path(a.control).stem, contrasts=parse_contrasts(a.contrasts),
+                margin=number(a.margin, "margin", float, 0), rate_margin=number(a.rate_margin, "rate_margin", float, 0))
     if a.control and a.control not in a.configs:
         raise UserError(f"--control {a.control!r} is not one of the study's configs ({', '.join(a.configs)})")
     for config in a.configs:  # train.py's own checks, as each run will get them
@@ -290,11 +513,12 @@ def study(args):
             if args["probe_args"] is not None:
                 probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
-    declared = contrasts(rows, reports, args["control"])
+    declared = contrasts(reports, probes, args["control"], list(dict.fromkeys([*PAIRS, *args["contrasts"]])),
+                         args["margin"], args["rate_margin"])
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=LEVEL, rows=rows, probe_rows=probe_rows,
-                  contrasts=dict(family_size=len(declared), holm_alpha=round(1 - LEVEL, 6), rows=declared))
+                  contrasts=declared)
     md = (f"# Study of {', '.join(reports)}: {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
-          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, reports, args["control"]))
+          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, declared, unit_widths(reports)))
     write_all(out, {"study.png": plot(rows), "study.json": json.dumps(result, indent=1) + "\n", "study.md": md})
     print(md + f"-> {out}/study.{{json,md,png}}")
     if args["wandb_log"]:

@@ -173,3 +173,28 @@ def test_the_outputs(report, rope_run, tmp_path, capsys):
             "seconds", "results"} <= set(rep) and (rep["pos_emb"], rep["train_len"], rep["context_len"]) == ("rope", L, L)
     assert rep["options"][:2] == ["--out", str(out)]
     assert by(rep, "yarn")[2 * L]["per_unit"] == by(report, "yarn")[2 * L]["per_unit"]  # same units, same seed
+
+
+def test_the_factor_stays_fixed_while_the_context_grows(rope_run, report, tmp_path):
+    # default: every context at the largest context's factor (4L here: 4), so PI at c <= L is not `none`
+    model, _, _ = load_run(rope_run)
+    units, pi, none = units_of(report, rope_run), by(report, "pi"), by(report, "none")
+    assert report["factor"] == "max" and {r["factor"] for r in pi.values()} == {4.0}
+    for c in (L // 4, L, 4 * L):  # against a forward with PI's factor 4 given here
+        x, y = torch.from_numpy(units[:, -c - 1:-1]), torch.from_numpy(units[:, -c:])
+        with torch.no_grad():
+            logits, _ = model(x, rope_scaling={"rope_type": "linear", "factor": 4.0})
+        expected = F.cross_entropy(logits[:, -M:].transpose(1, 2), y[:, -M:], reduction="none").mean(1).numpy()
+        assert pi[c]["per_unit"] == pytest.approx(expected.tolist(), abs=2e-6), c
+    assert np.abs(np.subtract(pi[L]["per_unit"], none[L]["per_unit"])).max() > 1e-4
+    assert none[L]["factor"] is None and context.factor_at("yarn", L // 4, 4 * L, L, "max") == 4.0
+    assert context.factor_at("dynamic-ntk", L // 4, 4 * L, L, "max") == 1.0  # its scale follows the length by itself
+    # grow: each context its own factor (the confounded sweep); PI at c <= L is then `none`, and at 4L the same as max
+    grown = sweep(rope_run, tmp_path / "grow", "--factor", "grow", "--methods", "none,pi")
+    assert [by(grown, "pi")[c]["factor"] for c in CONTEXTS] == [1.0, 1.0, 1.0, 2.0, 4.0]
+    assert by(grown, "pi")[L]["per_unit"] == by(grown, "none")[L]["per_unit"]
+    assert by(grown, "pi")[4 * L]["per_unit"] == pi[4 * L]["per_unit"]
+    fixed = sweep(rope_run, tmp_path / "two", "--factor", "2", "--methods", "pi")
+    assert {r["factor"] for r in fixed["results"]} == {2.0} and fixed["factor"] == 2.0
+    assert by(fixed, "pi")[2 * L]["per_unit"] == by(grown, "pi")[2 * L]["per_unit"]
+    assert "--factor must be >= 1" in error_of([str(rope_run), "--out", str(tmp_path), "--factor", "0.5"])

@@ -271,6 +271,7 @@ def test_windows_stay_inside_one_held_out_document(rope_run, report, tmp_path):
             assert n == int(T) if protocol == "windows" else n >= min(2 * int(T), (docs[:, 1] - docs[:, 0]).max() - 1)
             inside = [(docs[:, 0] <= s) & (s + n + 1 <= docs[:, 1]) for s in starts]  # inputs + the shifted target
             assert all(row.any() for row in inside), key
+            assert rep["unit_docs"][key] == [int(np.argmax(row)) for row in inside], key  # the document each unit lies in
     # fewer windows than the budget asks for: use what exists and say how many
     n = by(far, "none")[16 * L]["n_units"]
     assert n == len(far["units"][f"windows {16 * L}"]) == ((docs[:, 1] - docs[:, 0]) // (16 * L + 1)).sum()

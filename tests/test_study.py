@@ -32,12 +32,14 @@ def test_aggregate_is_the_two_way_bootstrap_over_seeds_x_windows():
     reports = {"rope_small": [dict(run=f"s{k}", train_len=32, results=[entry("yarn", loss=v, diff_crop=v - 4.1)])
                               for k, v in enumerate(loss)]}
     (row,) = study.aggregate(reports)
-    assert row["loss"] == stats.interval(loss) and row["diff_crop"] == stats.interval(loss - 4.1)
+    # no documents recorded (fake reports): windows are resampled on their own, and the page says so
+    assert row["loss"] == dict(stats.interval(loss), unit="window") and row["diff_crop"]["mean"] == pytest.approx(loss.mean() - 4.1)
     assert row["loss"]["mean"] == pytest.approx(loss.mean()) and (row["loss"]["seeds"], row["loss"]["units"]) == (3, 8)
     assert row["loss"]["lo"] < row["loss"]["mean"] < row["loss"]["hi"]
     assert row["per_seed"]["loss"] == pytest.approx(loss.mean(axis=1).tolist()) and row["diff_none"] is None
     md = study.markdown([row], 3)
-    assert "### perplexity over all targets, windows protocol\n\nmean [95% bootstrap interval over 3 seeds x 8 windows]" in md
+    assert "### perplexity over all targets, windows protocol\n\nmean [95% bootstrap interval over 3 seeds x 8 windows]; " \
+           "the documents are not recorded: each unit resampled on its own" in md
     assert f"| rope_small | yarn | {math.exp(row['loss']['mean']):.1f} [{math.exp(row['loss']['lo']):.1f}, " in md
     assert "loss minus none over the targets past L" not in md  # no row has it: no table
 
@@ -74,20 +76,51 @@ def test_holm_decides_the_declared_contrasts_against_crop_past_the_training_leng
         entry("yarn", eval_len=32, loss=[3.0] * 16, diff_crop=[-1.0] * 16),  # at L: not in the family
         entry("yarn", protocol="sliding", loss=[3.0] * 16, diff_crop=[-1.0] * 16)])  # sliding: not in the family
         for k in range(3)]}
-    rows = study.aggregate(reports)
-    declared = {c["method"]: c for c in study.contrasts(rows)}
+    declared = {c["method"]: c for c in study.contrasts(reports)["rows"]}
     assert {m: c["decision"] for m, c in declared.items()} == dict(yarn="lower than crop", pi="higher than crop",
                                                                     ntk="undecided")
     assert declared["ntk"]["p"] > 0.5 and declared["yarn"]["hi"] < 0 < declared["pi"]["lo"] and declared["yarn"]["eval_len"] == 64
-    md = study.markdown(rows, 3)
-    assert "m = 3" in md and "Holm's procedure at 0.05 family-wise" in md
+    assert declared["ntk"]["equivalence"] == "no difference found" and declared["yarn"]["equivalence"] is None
+    assert declared["yarn"]["seeds"] == 3 and declared["yarn"]["p_seed"] < 0.05 / 3
+    md = study.markdown(study.aggregate(reports), 3, declared=study.contrasts(reports))
+    assert "(m = 3)" in md and "Holm's procedure at 0.05 family-wise" in md
     assert f"| rope_small | yarn | {declared['yarn']['mean']:.3f} [{declared['yarn']['lo']:.3f}, " in md
-    assert md.split("### Declared contrasts")[1].count(" lower |") == 1
-    # decided as a family, not one by one: Holm keeps 0.03 and 0.04 (test_stats.py's hand-worked case)
-    p = dict(a=0.01, b=0.04, c=0.03, d=0.005)
-    rows = [dict(config="c", protocol="windows", method=m, mode=None, eval_len=64, train_len=32,
-                 diff_crop=dict(mean=-0.1, lo=-0.2, hi=0.1, p=x)) for m, x in p.items()]
-    assert [c["decision"] for c in study.contrasts(rows)] == ["lower than crop", "undecided", "undecided", "lower than crop"]
+    assert md.split("### Declared contrasts")[1].count(" lower, 3 seeds |") == 1
+
+
+def test_three_seeds_that_agree_in_sign_are_not_enough_for_the_bootstrap_alone():
+    # every window of a seed gives that seed's difference 0.001, 0.002 or 0.003: every bootstrap replicate is > 0 (p = 0),
+    # but the t-test on 3 seed means has p = 1 - sqrt(12/14) = 0.074, so the contrast is not decided; both one-sided
+    # tests against +-0.01 reject (seed-level p 0.0026, test_stats.py), so it is equivalent within the margin
+    reports = {"rope_small": [dict(run=f"s{k}", train_len=32, results=[
+        entry("crop", loss=[4.0] * 8), entry("yarn", loss=[4.0 + d] * 8, diff_crop=[d] * 8)])
+        for k, d in enumerate((0.001, 0.002, 0.003))]}
+    (c,) = study.contrasts(reports)["rows"]
+    assert c["p"] == 0 and c["p_seed"] == pytest.approx(1 - math.sqrt(12 / 14))
+    assert (c["decision"], c["equivalence"]) == ("undecided", "equivalent within +-0.01")
+    (wide,) = study.contrasts(reports, margin=0.002)["rows"]  # the mean 0.002 is on the margin: not within it
+    assert wide["equivalence"] == "no difference found"
+    one = {"rope_small": reports["rope_small"][:1]}  # one seed: no seed-level test, nothing decided
+    assert study.contrasts(one)["rows"][0]["decision"] == "undecided" and study.contrasts(one)["rows"][0]["p_seed"] is None
+
+
+def test_duplicates_and_zeros_leave_the_family_and_the_page_says_so():
+    # dynamic-ntk in sequence mode scores a full window as ntk does: the same per-window values, one contrast
+    rng = np.random.default_rng(4)
+    d = -0.5 + rng.normal(0, 0.1, (3, 8))
+    reports = {"rope_small": [dict(run=f"s{k}", train_len=32, results=[
+        entry("crop", loss=[4.0] * 8), entry("ntk", loss=4 + d[k], diff_crop=d[k]),
+        dict(entry("dynamic-ntk", loss=4 + d[k], diff_crop=d[k]), mode="sequence"),
+        entry("window", loss=[4.0] * 8, diff_crop=[0.0] * 8)]) for k in range(3)]}
+    declared = study.contrasts(reports)
+    assert [c["method"] for c in declared["rows"]] == ["ntk"] and declared["family_size"] == 1
+    assert declared["dropped"] == [
+        dict(config="rope_small", method="dynamic-ntk (sequence)", at=64, reason="the same per-unit values as ntk"),
+        dict(config="rope_small", method="window", at=64, reason="zero in every unit of every seed")]
+    md = study.markdown(study.aggregate(reports), 3, declared=declared)
+    assert "(m = 1)" in md and "Left out of the family: dynamic-ntk (sequence) in rope_small at 64: the same per-unit " \
+                               "values as ntk; window in rope_small at 64: zero in every unit of every seed." in md
+    assert declared["replicates"] == stats.replicates(1)
 
 
 def test_yarn_minus_ntk_by_parts_is_paired_on_the_same_windows_and_declared_too():
@@ -98,13 +131,15 @@ def test_yarn_minus_ntk_by_parts_is_paired_on_the_same_windows_and_declared_too(
         entry("crop", loss=[4.0] * 16), entry("ntk-by-parts", loss=4.2 + window[k], diff_crop=0.2 + window[k]),
         entry("yarn", loss=4.1 + window[k] + rng.normal(0, 0.01, 16), diff_crop=0.1 + window[k] + rng.normal(0, 0.01, 16))])
         for k in range(3)]}
-    rows = study.aggregate(reports)
-    declared = {c["method"]: c for c in study.contrasts(rows, reports)}
+    declared = {c["method"]: c for c in study.contrasts(reports)["rows"]}
     pair = declared["yarn - ntk-by-parts"]
     assert pair["mean"] == pytest.approx(declared["yarn"]["mean"] - declared["ntk-by-parts"]["mean"])
     assert pair["decision"] == "lower than ntk-by-parts" and pair["hi"] < 0 and pair["hi"] - pair["lo"] < 0.02
     assert declared["yarn"]["decision"] == "undecided"  # against crop the window spread hides the same 0.1
-    assert "m = 3" in study.markdown(rows, 3, reports=reports) and len(study.contrasts(rows)) == 2  # no reports: no pair
+    assert study.contrasts(reports, pairs=())["family_size"] == 2  # no pairs declared: none
+    # declared on the command line: --contrasts ntk-by-parts-yarn is the same difference, the other way round
+    other = {c["method"]: c for c in study.contrasts(reports, pairs=study.parse_contrasts("ntk-by-parts-yarn"))["rows"]}
+    assert other["ntk-by-parts - yarn"]["mean"] == pytest.approx(-pair["mean"]) and "yarn - ntk-by-parts" not in other
 
 
 def test_a_control_config_is_paired_with_each_fine_tune_on_seeds_and_windows():
@@ -115,13 +150,16 @@ def test_a_control_config_is_paired_with_each_fine_tune_on_seeds_and_windows():
         return dict(run=f"s{k}", train_len=32, results=[entry(m, loss=v, loss_beyond_train=v) for m, v in loss.items()])
     reports = {"ft": [seed(k, none=4.0 + shared[k] + rng.normal(0, 0.01, 16), crop=4.1 + shared[k]) for k in range(3)],
                "cont": [seed(k, crop=4.1 + shared[k]) for k in range(3)]}
-    rows = study.aggregate(reports)
-    declared = {(c["config"], c["method"]): c for c in study.contrasts(rows, reports, control="cont")}
-    assert set(declared) == {("ft", "none - cont crop"), ("ft", "crop - cont crop")}  # the control is not paired with itself
+    family = study.contrasts(reports, control="cont")
+    declared = {(c["config"], c["method"]): c for c in family["rows"]}
+    assert set(declared) == {("ft", "none - cont crop")}  # the control is not paired with itself
+    # ft's crop is the control's crop on every window: zero by construction, out of the family
+    assert family["dropped"] == [dict(config="ft", method="crop - cont crop", at=64, reason="zero in every unit of every seed")]
     none = declared["ft", "none - cont crop"]
     assert none["mean"] == pytest.approx(-0.1, abs=0.01) and none["hi"] - none["lo"] < 0.02
-    assert none["decision"] == "lower than cont crop" and declared["ft", "crop - cont crop"]["mean"] == pytest.approx(0)
-    assert "minus cont's crop (paired on seeds x windows) (m = 2)" in study.markdown(rows, 3, reports=reports, control="cont")
+    assert none["decision"] == "lower than cont crop"
+    assert "every method of the other configs minus cont's crop past L (m = 1)" in \
+        study.markdown(study.aggregate(reports), 3, declared=family)
     with pytest.raises(ValueError, match=r"--control 'configs/rope_small_cont.py' is not one of the study's configs"):
         study.parse_args(["configs/rope_small_pi4x.py", "--control", "configs/rope_small_cont.py"])
 
@@ -307,3 +345,81 @@ def test_the_study_writes_its_outputs_last(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["study.json", "study.md", "study.png"]
     written = json.loads((tmp_path / "s" / "study.json").read_text())
     assert written["contrasts"]["family_size"] == 2 and written["rows"][0]["loss"]["seeds"] == 2  # none and yarn vs crop
+
+
+def test_documents_are_the_unit_recorded_or_derived_from_the_dataset(tmp_path):
+    # 8 windows in 2 documents, the windows of a document alike: resampling documents gives 2 draws, not 8
+    rng = np.random.default_rng(5)
+    starts, bounds = [0, 40, 80, 120, 200, 240, 280, 320], np.array([[0, 190], [200, 400]])
+    doc_effect = np.repeat([-0.3, 0.3], 4)
+    def seed(k, recorded):
+        v = 4 + doc_effect + rng.normal(0, 0.01, 8)
+        rep = dict(run=f"s{k}", train_len=32, units={"windows 64": starts}, dataset=str(tmp_path),
+                   results=[entry("crop", loss=[4.0] * 8), entry("yarn", loss=v, diff_crop=v - 4.0)])
+        return dict(rep, unit_docs={"windows 64": [0, 0, 0, 0, 1, 1, 1, 1]}) if recorded else rep
+    reports = {"rope_small": [seed(k, True) for k in range(3)]}
+    yarn = next(r for r in study.aggregate(reports) if r["method"] == "yarn")["diff_crop"]
+    assert (yarn["unit"], yarn["units"], yarn["clusters"]) == ("document", 8, 2)
+    windows = stats.interval([r["per_unit"]["diff_crop"] for rep in reports["rope_small"] for r in rep["results"]
+                              if r["method"] == "yarn"])
+    # two documents: a replicate draws both (mean 0), or one twice (-0.3 or +0.3); 8 windows scatter less
+    assert (yarn["lo"], yarn["hi"]) == pytest.approx((-0.3, 0.3), abs=0.02)
+    assert yarn["hi"] - yarn["lo"] > 1.25 * (windows["hi"] - windows["lo"])
+    md = study.markdown(study.aggregate(reports), 3)
+    assert "over 3 seeds x 8 windows from 2 documents]\n" in md
+    # an older report: the documents come from the units' starts and the dataset's val_docs.npy
+    old = {"rope_small": [seed(k, False) for k in range(3)]}
+    assert study.unit_docs(old["rope_small"][0], "windows 64") is None  # no val_docs.npy yet: cannot say
+    np.save(tmp_path / "val_docs.npy", bounds)
+    study.val_bounds.cache_clear()
+    assert study.unit_docs(old["rope_small"][0], "windows 64") == [0, 0, 0, 0, 1, 1, 1, 1]
+    # the width table: windows, blocks (of 16L and 64L: larger than a document here, so one block a document), documents
+    widths = study.unit_widths(reports)[64]
+    assert [(u, n) for u, (n, _) in widths.items()] == [("window", 8), ("16L block", 2), ("64L block", 2), ("document", 2)]
+    assert widths["document"][1] > 1.25 * widths["window"][1]
+    assert widths["document"][1] == pytest.approx(study.unit_widths(reports, sizes=(1,))[64]["document"][1])
+    assert "### How the unit of resampling moves the intervals" in study.markdown(
+        study.aggregate(reports), 3, widths=study.unit_widths(reports))
+
+
+def test_probe_rates_past_l_are_declared_contrasts_paired_on_trials():
+    def seed(k):
+        hits = dict(none=[0.0] * 10, yarn=[1.0] * 8 + [0.0] * 2, crop=[0.0] * 10)
+        return dict(train_len=32, results=[dict(probe="copy", method=m, distance=d, available=True, hits=h, top1=np.mean(h))
+                                           for m, h in hits.items() for d in (16, 64)])
+    probes = {"rope_small": [seed(k) for k in range(3)]}
+    family = study.contrasts({}, probes)
+    assert [(c["method"], c["distance"], c["unit"]) for c in family["rows"]] == [("copy: yarn - none", 64, "trial")]
+    (c,) = family["rows"]
+    assert c["mean"] == pytest.approx(0.8) and c["units"] == 10 and c["margin"] == study.RATE_MARGIN
+    assert family["dropped"] == [dict(config="rope_small", method="copy: crop - none", at=64,
+                                      reason="zero in every unit of every seed")]
+
+
+def test_declared_method_contrasts_are_parsed_against_the_method_names():
+    assert study.parse_contrasts("llama3-yarn,dynamic-ntk-ntk") == [("llama3", "yarn"), ("dynamic-ntk", "ntk")]
+    assert study.parse_contrasts("ntk-by-parts-yarn") == [("ntk-by-parts", "yarn")] and study.parse_contrasts("") == []
+    for bad in ("foo-yarn", "yarn-yarn", "yarn"):
+        with pytest.raises(ValueError, match="is not a-b for two different methods"):
+            study.parse_contrasts(bad)
+    args = study.parse_args(["configs/rope_small.py", "--contrasts", "llama3-yarn", "--margin", "0.02"])
+    assert args["contrasts"] == [("llama3", "yarn")] and args["margin"] == 0.02 and "--contrasts=llama3-yarn" in args["command"]
+    assert "--margin must be >= 0" in error_of(["configs/rope_small.py", "--margin", "-1"])
+
+
+def test_a_page_says_how_many_documents_each_length_draws_from():
+    def row(T, units, docs):
+        return dict(eval_len=T, diff_crop=dict(units=units, clusters=docs, unit="document"))
+    at = lambda r: r["eval_len"]  # noqa: E731
+    assert study.sample([row(64, 44, 4), row(128, 44, 4)], "diff_crop", "windows", 32, at) == "44 windows from 4 documents"
+    assert study.sample([row(64, 371, 4), row(512, 44, 3)], "diff_crop", "windows", 32, at) == \
+        "U windows, U = 371 at 2x, 44 at 16x, from D documents, D = 4 at 2x, 3 at 16x"
+    assert study.sample([row(64, 8, 1)], "diff_crop", "windows", 32, at) == "8 windows from 1 document"
+
+
+def test_a_control_is_declared_for_probe_rates_too():
+    def seed(hits_none):
+        return dict(train_len=32, results=[dict(probe="copy", method="none", distance=64, available=True, hits=hits_none)])
+    probes = {"ft": [seed([1.0] * 6 + [0.0] * 4) for _ in range(3)], "cont": [seed([0.0] * 10) for _ in range(3)]}
+    (c,) = study.contrasts({}, probes, control="cont")["rows"]
+    assert (c["config"], c["method"], c["ref"], c["mean"], c["units"]) == ("ft", "copy: none - cont none", "cont none", 0.6, 10)
