@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.tokenizer import gpt2_tokenizer
-from runtime import synced, write_atomic
+from runtime import UserError, synced, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -144,6 +144,29 @@ def is_prepared(out_dir, **expected):
     return False
 
 
+def describe(value):
+    """A meta.json value in a few words: a source by its package, path or Hugging Face name."""
+    if isinstance(value, dict):
+        return next((str(value[k]) for k in ("package", "folder", "file", "hf") if k in value), "an unnamed source")
+    return repr(value)
+
+
+def check_replace(out_dir, overwrite=False, **new):
+    """Refuse, unless overwrite, to write a corpus into out_dir over one prepared there with other values of new (source,
+    vocab_size, val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+    try:
+        old = json.loads((Path(out_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return  # nothing prepared there, or damaged: preparing it again is its fix
+    def change(k, was, now):
+        return f"{k} {describe(was)}, " + ("its contents changed" if describe(was) == describe(now) else f"not {describe(now)}")
+    differ = [change(k, old.get(k), v) for k, v in new.items()
+              if isinstance(old, dict) and old.get(k) != json.loads(json.dumps(v))]  # through JSON: tuples are lists
+    if differ and not overwrite:
+        raise UserError(f"{out_dir} holds another corpus ({'; '.join(differ)}): replacing it would leave the runs trained "
+                        "on it without their data; pass --overwrite to replace it, or prepare into another folder")
+
+
 def shakespeare_vocab(name):
     """The vocabulary of data/<name> when data/shakespeare/prepare.py writes it, else None."""
     v = name.removeprefix("shakespeare_v")
@@ -180,6 +203,10 @@ def load_meta(data_dir, verify=True):
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
         raise ValueError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+    vocab, eot = meta.get("vocab_size"), meta.get("eot_token")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or eot != vocab - 1:  # the EOT id is the largest id written
+        raise UserError(f"{folder / 'meta.json'} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
+                        f"is vocab_size - 1 in a prepared corpus); {fix}")
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
         stamps = dict(json.loads(stamp.read_text()))
