@@ -32,20 +32,23 @@ def png(fig, tight=True, rect=None, **savefig):
 
 
 def json_csv(name, report, rows, fields):
-    """{name.json: the report, name.csv: the rows' fields, None as an empty cell}, for write_all."""
+    """{name.json: the report, name.csv: the rows' fields, None (or a non-finite number) as an empty cell}, for write_all."""
+    from runtime import finite, json_text
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
-    w.writerows({k: "" if r.get(k) is None else r[k] for k in fields} for r in rows)
-    return {f"{name}.json": json.dumps(report, indent=1) + "\n", f"{name}.csv": buf.getvalue()}
+    w.writerows({k: "" if finite(r.get(k)) is None else r[k] for k in fields} for r in rows)
+    return {f"{name}.json": json_text(report, indent=1) + "\n", f"{name}.csv": buf.getvalue()}
 
 
 def write_all(out, files):
-    """Write {name: text or bytes} into the folder out, each atomically (runtime.write_atomic): call it last."""
-    from runtime import write_atomic  # runtime imports torch: not on import of this module
+    """Write {name: text or bytes} into the folder out, each atomically (runtime.write_atomic): call it last. Then the
+    folder's claim (runtime.claim_output) is released: the outputs are in place."""
+    from runtime import release_outputs, write_atomic  # runtime imports torch: not on import of this module
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         write_atomic(out / name, lambda f: f.write(data.encode() if isinstance(data, str) else data))
+    release_outputs(out)
 
 
 def panels(plt, n, per_row, stacked, size, **subplots):
