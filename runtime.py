@@ -123,6 +123,11 @@ def run_labels(paths, names):
     return [str(p) if n in shared else n for p, n in zip(paths, names)]
 
 
+def run_home(run_dir):
+    """The folder of a run given as its folder or its ckpt.pt: where its evaluations are written by default."""
+    return Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
+
+
 def live_pid(lock):
     """The pid in a lock file if that process is alive and not this one (a restarted container may reuse it), else None."""
     with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale

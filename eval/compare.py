@@ -5,10 +5,11 @@ import sys
 from pathlib import Path
 
 from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
-from runtime import arg_parser, run_cli
+from runtime import UserError, arg_parser, claim_output, distinct, output_path, run_cli, run_labels
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
+RESULT_KEYS = ("protocol", "method", "mode", "eval_len")  # what every table reads of a result
 
 
 def load_report(run_dir, protocol=None):
@@ -21,8 +22,12 @@ def load_report(run_dir, protocol=None):
         missing = [k for k in ("run", "train_len", "units", "results") if k not in report]
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
+    if not missing and not isinstance(report["results"], list):
+        missing = ["a list of results"]
+    if not missing and (bad := [k for r in report["results"] for k in RESULT_KEYS if not isinstance(r, dict) or k not in r]):
+        missing = [f"{bad[0]} in its results"]
     if missing:
-        raise ValueError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
+        raise UserError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
     if not any(protocol in (None, r["protocol"]) for r in report["results"]):
         raise ValueError(f"{path} has no {protocol or 'evaluation'} results; re-run eval/extrapolate.py {run_dir}")
     return report
@@ -68,8 +73,14 @@ def compare(run_dirs, out, metric, protocol):
     for name, value, allowed in (("metric", metric, METRICS), ("protocol", protocol, PROTOCOLS)):
         if value not in allowed:
             raise ValueError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
-    reports = [load_report(d, protocol) for d in run_dirs]  # a run with nothing to compare is an error, not a gap
-    table, out = markdown(reports, metric, protocol), Path(out)  # out: a prefix
+    out = output_path(out, "out", "prefix")
+    claim_output(out.parent, f"compare_{out.name}")
+    reports = [load_report(d, protocol) for d in distinct(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
+    for rep, name in zip(reports, run_labels(run_dirs, [rep["run"] for rep in reports])):
+        rep["run"] = name  # two runs named alike would share a row
+    if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"])]:
+        raise UserError(f"{lacking[0]}/extrapolation.json has no {metric} in its results; re-run eval/extrapolate.py {lacking[0]}")
+    table = markdown(reports, metric, protocol)
     write_all(out.parent, {f"{out.name}.png": plot(reports, metric, protocol), f"{out.name}.md": table})
     print(table + f"-> {out}.md, {out}.png")
 
