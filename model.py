@@ -371,9 +371,10 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **positions):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, **positions):
         """Sample max_new_tokens after idx [B, T] through a KV cache, every step with the same `positions`
-        (GPT.forward's rope_scaling, window, logn_len): past block_size the encoding extrapolates."""
+        (GPT.forward's rope_scaling, window, logn_len): past block_size the encoding extrapolates. on_token(ids [B, 1])
+        sees each step's tokens as they come (sample.py streams them)."""
         cache = KVCache(self.config.n_layer)
         logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), positions.get("rope_scaling"))], cache=cache, **positions)
         for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
@@ -381,6 +382,8 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             idx_next = sample_next(logits[:, -1, :], temperature, top_k)
             idx = torch.cat((idx, idx_next), dim=1)
+            if on_token:
+                on_token(idx_next)
             logits, _ = self(idx_next, cache=cache, **positions)
         return idx
 
