@@ -159,8 +159,8 @@ def claim_output(folder, name):
             f.write(str(os.getpid()))
     except FileExistsError:
         raise UserError(f"{folder} is in use by another command ({lock}); wait for it, or give another --out") from None
-    except PermissionError as e:
-        raise UserError(f"output folder {folder} is not writable ({e.strerror}); give another --out") from None
+    except OSError as e:  # read-only, or under a file: found now, not after the whole computation
+        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another --out") from None
     _CLAIMED.append((lock, folder if made else None))
     return folder
 

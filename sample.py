@@ -1,6 +1,7 @@
 """Generate text from a trained run with any evaluation method, as far past the training length as you ask. The KV cache
 re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options: README.md."""
 import codecs
+import math
 import sys
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def parse_args(argv):
         raise ValueError(f"--factor {a.factor!r} is not auto or a number") from None
     if factor is not None and not factor >= 1:
         raise ValueError(f"--factor must be auto or a number >= 1, got {a.factor}")
+    if factor == math.inf:  # passes `>= 1`: an infinite factor leaves no frequency
+        raise UserError(f"--factor {a.factor} is not a finite number; use auto or a number >= 1")
     if a.prompt == "":
         raise ValueError(f"--prompt is empty; leave it out to start a new document ({EOT})")
     return dict(vars(a), factor=factor, device=pick_device(a.device))
