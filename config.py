@@ -83,6 +83,9 @@ def load_config(argv):
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
+    if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
+        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the schedule "
+                        "decays from learning_rate to min_lr; use min_lr <= learning_rate")
     if config["rope_scaling"] is not None and config["pos_emb"] != "rope":  # it would train and be stored, doing nothing
         raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: only a RoPE model "
                         "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")

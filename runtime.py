@@ -40,6 +40,10 @@ def run_cli(prog, fn, *args):
         sys.exit(130)
     except (torch.OutOfMemoryError, MemoryError):
         sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
+    except RuntimeError as e:  # torch's CPU allocator says it so, as a RuntimeError: any other is a bug
+        if "can't allocate memory" not in str(e):
+            raise
+        sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
     finally:
         release_outputs()
 

@@ -35,6 +35,8 @@ def parse_args(argv):
         raise ValueError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("seed", 0)):
         number(getattr(a, name), name, int, low)
+    if a.temperature == math.inf:  # every token equally likely: noise, not the model
+        raise UserError("--temperature inf samples uniformly at random; use a finite number > 0")
     if not a.temperature > 0:  # also catches nan
         raise ValueError(f"--temperature must be > 0, got {a.temperature}; for greedy sampling use --top_k 1")
     try:
@@ -78,6 +80,8 @@ def read_prompt(path):
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8") from None
+    except IsADirectoryError:
+        raise UserError(f"--prompt_file {path} is a folder; give a text file") from None
 
 
 def sample(args):

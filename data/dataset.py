@@ -244,12 +244,12 @@ def doc_windows(docs, length, n_windows, rng):
     start + k*length of every document, all, or n_windows drawn without replacement (spread by document length)."""
     docs = np.asarray(docs, dtype=np.int64).reshape(-1, 2)
     doc_lens = docs[:, 1] - docs[:, 0]
-    per_doc = doc_lens // length
-    total = int(per_doc.sum())
-    if total == 0:
-        longest = int(doc_lens.max()) if len(doc_lens) else 0
+    longest = int(doc_lens.max()) if len(doc_lens) else 0
+    if length > longest:  # checked before numpy divides: a length past its integers would overflow
         raise ValueError(f"no window of length {length} fits inside a document: the longest document has "
                          f"{longest} tokens, so 0 windows are available; use a length <= {longest}")
+    per_doc = doc_lens // length
+    total = int(per_doc.sum())
     k = np.arange(total) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
     starts = np.repeat(docs[:, 0], per_doc) + k * length
     if total > n_windows:

@@ -32,6 +32,8 @@ def entry(path, lineno, line):
 
 def curves(args):
     out = output_path(args.out, "out", "file")
+    if out.suffix != ".png":  # the figure is PNG whatever the name says
+        raise UserError(f"--out {args.out}: curves.py writes a PNG figure; give a name ending in .png")
     claim_output(out.parent, f"curves_{out.name}")
     runs = distinct(args.runs, "run")
     logs = dict(zip(run_labels(runs, [Path(r).resolve().name for r in runs]), map(read_log, runs)))

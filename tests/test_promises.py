@@ -288,3 +288,21 @@ def test_vague_errors_name_the_option_the_file_and_what_is_allowed(dataset, tmp_
     assert parsed["train_args"] == ["--max_iters=10"]
     one_line(error("study.py", study.parse_args, [CONFIG, "--train_args", "--out_dir=x", "--out", str(tmp_path / "s")]),
              "--train_args --out_dir=x", "the study owns")
+
+
+def test_more_bad_inputs_a_new_user_tried_are_one_line(dataset, tmp_path, monkeypatch):
+    one_line(error("train.py", load_config, ["--learning_rate=0.1", "--min_lr=0.5"]), "use min_lr <= learning_rate")
+    one_line(error("prepare.py", shakespeare.vocab, argparse.Namespace(bytes=False, vocab_size=0)), "--vocab_size 0")
+    run = tiny_run(tmp_path / "run", dataset)
+    one_line(error("sample.py", sample.parse_args, [str(run), "--temperature", "inf"]), "--temperature inf")
+    one_line(error("sample.py", sample.main, [str(run), "--prompt_file", str(tmp_path), "--device", "cpu"]),
+             "--prompt_file", "is a folder")
+    (run / "log.jsonl").write_text('{"iter": 0, "val": 5.0}\n')
+    one_line(error("curves.py", curves.curves, argparse.Namespace(runs=[str(run)], out=str(tmp_path / "c.txt"))), ".png")
+    from eval import context
+    with pytest.raises(SystemExit) as e:  # not an OverflowError (its numbers make the line long)
+        context.main([str(run), "--contexts", "1e30", "--device", "cpu"])
+    assert "no window of length" in e.value.code and "\n" not in e.value.code
+    def huge(*a):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried ...")
+    one_line(error("sample.py", huge), "out of memory", "--max_new_tokens")

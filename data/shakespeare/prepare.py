@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 
 from data.dataset import SHAKESPEARE, VOCAB_SIZE, check_replace, file_sha256, is_prepared, shakespeare_vocab, write_dataset
+from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
 from runtime import UserError, arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
@@ -76,7 +77,10 @@ def prepare(name="shakespeare", vocab_size=None, overwrite=False) -> Path:
 def vocab(args):
     if args.bytes and args.vocab_size is not None:  # one would be ignored
         raise UserError(f"--bytes is vocabulary 257; it cannot go with --vocab_size {args.vocab_size}: give one of them")
-    return 257 if args.bytes else VOCAB_SIZE if args.vocab_size is None else args.vocab_size
+    vocab_size = 257 if args.bytes else VOCAB_SIZE if args.vocab_size is None else args.vocab_size
+    if not MIN_VOCAB_SIZE <= vocab_size <= GPT2_VOCAB_SIZE:  # before the corpus is read
+        raise UserError(f"--vocab_size {vocab_size} is not allowed; use an integer in {MIN_VOCAB_SIZE}..{GPT2_VOCAB_SIZE}")
+    return vocab_size
 
 
 if __name__ == "__main__":
