@@ -40,8 +40,10 @@ class GPTConfig:
         small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
         if small:
             raise ValueError(f"{', '.join(small)}: model sizes must be >= 1")
-        if not 0 <= self.dropout < 1 or self.rope_base <= 1:
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1) and rope_base={self.rope_base!r} above 1")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} is not allowed; use 0 <= dropout < 1")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base={self.rope_base!r} is not allowed; use a base > 1")
         for key, allowed in (("pos_emb", POS_EMBS), ("rope_layout", LAYOUTS)):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"unknown {key} {getattr(self, key)!r}; allowed: {', '.join(allowed)}")

@@ -140,6 +140,9 @@ def check_scaling(scaling, head_dim=None):
     for key in ("beta_fast", "beta_slow"):  # a number of rotations over L: its log is taken
         if scaling.get(key) is not None and not scaling[key] > 0:
             raise ValueError(f"{key} must be a number > 0 (rotations over the original length), got {scaling[key]!r}")
+    for key in ("mscale", "mscale_all_dim"):  # below 0 the attention temperature can turn negative: logits flipped
+        if scaling.get(key) is not None and not scaling[key] >= 0:
+            raise ValueError(f"{key} must be a number >= 0, got {scaling[key]!r}")
     original = scaling.get("original_max_position_embeddings")
     if rope_type in ("dynamic", "yarn", "longrope", "llama3") and original is None:
         raise ValueError(f"rope_type {rope_type!r} needs 'original_max_position_embeddings' (the training length)")

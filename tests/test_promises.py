@@ -306,3 +306,6 @@ def test_more_bad_inputs_a_new_user_tried_are_one_line(dataset, tmp_path, monkey
     def huge(*a):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried ...")
     one_line(error("sample.py", huge), "out of memory", "--max_new_tokens")
+    for bad, message in (("--dropout=1.0", "use 0 <= dropout < 1"), ("--rope_scaling={'rope_type': 'yarn', 'factor': 4.0, "
+                         "'original_max_position_embeddings': 32, 'mscale': -100}", "mscale must be a number >= 0")):
+        assert "rope_base" not in one_line(error("train.py", load_config, [bad]), message)
