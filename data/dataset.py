@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.tokenizer import gpt2_tokenizer
-from runtime import UserError, synced, write_atomic
+from runtime import UserError, claim_output, release_outputs, synced, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -118,6 +118,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     meta = dict(tokenizer="gpt2", vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
                 files=files, val_fraction=val_fraction, seed=seed)
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
+    release_outputs(out_dir)
     return meta
 
 
@@ -151,9 +152,11 @@ def describe(value):
     return repr(value)
 
 
-def check_replace(out_dir, overwrite=False, **new):
-    """Refuse, unless overwrite, to write a corpus into out_dir over one prepared there with other values of new (source,
-    vocab_size, val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+def claim_corpus(out_dir, overwrite=False, **new):
+    """out_dir held for one prepare.py at a time (runtime.claim_output; released when its meta.json is written), and
+    refused, unless overwrite, if it holds a corpus prepared with other values of new (source, vocab_size,
+    val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+    claim_output(out_dir, "prepare")
     try:
         old = json.loads((Path(out_dir) / "meta.json").read_text())
     except (OSError, ValueError):

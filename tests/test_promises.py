@@ -153,6 +153,12 @@ def test_a_second_writer_of_the_same_outputs_is_refused(tmp_path):
     (tmp_path / ".compare_cmp.lock").write_text(str(os.getppid()))  # a live process is writing them
     one_line(error("compare.py", compare.main, [str(run), "--out", str(tmp_path / "cmp")]), f"in use by process {os.getppid()}")
     assert files(tmp_path) == {**before, ".compare_cmp.lock": str(os.getppid()).encode()}
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / ".prepare.lock").write_text(str(os.getppid()))  # another prepare.py is writing a corpus there
+    one_line(error("prepare.py", text_prepare.prepare, texts(tmp_path / "a", "alpha"), None, "text", 300, 0.1, 1, corpus),
+             f"in use by process {os.getppid()}")
+    assert [p.name for p in corpus.iterdir()] == [".prepare.lock"]
 
 
 def test_an_output_folder_that_cannot_be_written_fails_before_the_computation(dataset, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, check_replace, file_sha256, is_prepared, shakespeare_vocab, write_dataset
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, claim_corpus, file_sha256, is_prepared, shakespeare_vocab, write_dataset
 from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
 from runtime import UserError, arg_parser, run_cli
 
@@ -67,7 +67,7 @@ def prepare(name="shakespeare", vocab_size=None, overwrite=False) -> Path:
     if is_prepared(out_dir, vocab_size=vocab_size, source=SOURCE):
         print(f"{out_dir}: already prepared ({use})")
         return out_dir
-    check_replace(out_dir, overwrite, source=SOURCE, vocab_size=vocab_size, val_fraction=VAL_FRACTION)
+    claim_corpus(out_dir, overwrite, source=SOURCE, vocab_size=vocab_size, val_fraction=VAL_FRACTION)
     docs = read_texts(download())
     print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters -> {out_dir} ({use})")
     write_dataset(docs, out_dir, vocab_size, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)

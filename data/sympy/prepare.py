@@ -12,7 +12,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from data.dataset import VOCAB_SIZE, check_replace, file_sha256, is_prepared, write_dataset
+from data.dataset import VOCAB_SIZE, claim_corpus, file_sha256, is_prepared, write_dataset
 from runtime import arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
@@ -66,7 +66,7 @@ def prepare(name="sympy", overwrite=False) -> Path:
     if is_prepared(out_dir, vocab_size=VOCAB_SIZE, source=SOURCE):
         print(f"{out_dir}: already prepared (vocab_size={VOCAB_SIZE})")
         return out_dir
-    check_replace(out_dir, overwrite, source=SOURCE, vocab_size=VOCAB_SIZE, val_fraction=VAL_FRACTION)
+    claim_corpus(out_dir, overwrite, source=SOURCE, vocab_size=VOCAB_SIZE, val_fraction=VAL_FRACTION)
     docs = read_sources(download())
     print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters -> {out_dir}")
     write_dataset(docs, out_dir, VOCAB_SIZE, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from data.dataset import VOCAB_SIZE, builtin, check_replace, is_prepared, val_by_hash, write_dataset, write_documents
+from data.dataset import VOCAB_SIZE, builtin, claim_corpus, is_prepared, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
 from runtime import UserError, arg_parser, run_cli
 
@@ -198,7 +198,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if is_prepared(out_dir, vocab_size=vocab_size, source=origin, val_fraction=val_fraction):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
-    check_replace(out_dir, overwrite, source=origin, vocab_size=vocab_size, val_fraction=val_fraction)
+    claim_corpus(out_dir, overwrite, source=origin, vocab_size=vocab_size, val_fraction=val_fraction)
     check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
