@@ -38,10 +38,8 @@ def run_cli(prog, fn, *args):
     except KeyboardInterrupt as e:  # what the command was doing, if it said (train.py: the iteration and how to resume)
         print(f"{prog}: interrupted{' ' + str(e) if str(e) else ''}", file=sys.stderr)
         sys.exit(130)
-    except (torch.OutOfMemoryError, MemoryError):
-        sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
-    except RuntimeError as e:  # torch's CPU allocator says it so, as a RuntimeError: any other is a bug
-        if "can't allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:  # torch's allocators raise RuntimeErrors; any other RuntimeError is a bug
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
             raise
         sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
     finally:
@@ -107,15 +105,15 @@ def output_path(text, name, kind="folder"):
         raise UserError(f"--{name} is empty; name the {kind}" + (" (e.g. out/compare)" if kind != "folder" else ""))
     path = Path(text)
     if kind != "folder" and (str(text).endswith(("/", os.sep)) or path.name in ("", ".", "..") or path.is_dir()):
-        raise UserError(f"--{name} {text!r} is a folder; give a {kind} inside it, e.g. {path / 'compare'}")
+        raise UserError(f"--{name} {text!r} is a folder; give a {kind} inside it ({path}/NAME)")
     return path
 
 
 def distinct(paths, what):
-    """paths, refused if one is given twice (the same folder, however written): its data would count twice."""
+    """paths, refused if one is given twice (the same run, however written): its data would count twice."""
     seen = {}
     for p in paths:
-        if (key := Path(p).resolve()) in seen:
+        if (key := run_home(p).resolve()) in seen:
             raise UserError(f"{what} {p} is given twice ({seen[key]} and {p}); give each once")
         seen[key] = p
     return paths
