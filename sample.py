@@ -82,6 +82,8 @@ def read_prompt(path):
         raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8") from None
     except IsADirectoryError:
         raise UserError(f"--prompt_file {path} is a folder; give a text file") from None
+    except FileNotFoundError:
+        raise UserError(f"--prompt_file {path} not found") from None
 
 
 def sample(args):

@@ -303,6 +303,8 @@ def test_more_bad_inputs_a_new_user_tried_are_one_line(dataset, tmp_path, monkey
     one_line(error("sample.py", sample.parse_args, [str(run), "--temperature", "inf"]), "--temperature inf")
     one_line(error("sample.py", sample.main, [str(run), "--prompt_file", str(tmp_path), "--device", "cpu"]),
              "--prompt_file", "is a folder")
+    one_line(error("sample.py", sample.main, [str(run), "--prompt_file", str(tmp_path / "none.txt"), "--device", "cpu"]),
+             f"--prompt_file {tmp_path / 'none.txt'} not found")
     (run / "log.jsonl").write_text('{"iter": 0, "val": 5.0}\n')
     one_line(error("curves.py", curves.curves, argparse.Namespace(runs=[str(run)], out=str(tmp_path / "c.txt"))), ".png")
     from eval import context
