@@ -1,5 +1,6 @@
 """A run's config: the defaults, then config files (plain assignments) and --key=value, each checked (train, bench, study)."""
 import ast
+import math
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
@@ -28,7 +29,8 @@ DEFAULTS = dict(
 FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
 DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from pos_emb rope to none (DroPE): the rotation's
 CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"), retrieval_task=("copy", "mqar"))
-POSITIVE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
+BELOW_ONE = ("beta1", "beta2")  # AdamW's betas: a decay rate of 1 or more never forgets
+POSITIVE = ("max_iters", "batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
 
 
 # ----------------------------------------------------------------------------- config
@@ -40,8 +42,14 @@ def set_key(config, key, value, source):
     default = DEFAULTS[key]
     if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)):
         raise UserError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
+    if type(default) in (int, float) and not math.isfinite(value):  # inf passes `>= 0`, then trains to NaN
+        raise UserError(f"{key}={value!r} (from {source}) is not a finite number")
     if type(default) in (int, float) and not value >= (1 if key in POSITIVE else 0):  # `not >=` also catches nan
         raise UserError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
+    if key in BELOW_ONE and not value < 1:
+        raise UserError(f"{key}={value!r} (from {source}) is one of AdamW's betas: use 0 <= {key} < 1")
+    if key == "out_dir" and not value.strip():
+        raise UserError(f"out_dir={value!r} (from {source}) is empty: name the run's folder, e.g. out/my_run")
     if key in CHOICES and value not in CHOICES[key]:
         raise UserError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
     if key == "retrieval_mix" and value > 1:
@@ -62,6 +70,8 @@ def load_config(argv):
                 value = text  # a bare string such as --device=cpu
             set_key(config, key, value, arg)
         else:
+            if Path(arg).is_dir():
+                raise UserError(f"config file {arg} is a folder; give one of its .py files (see configs/)")
             if not Path(arg).is_file():
                 raise FileNotFoundError(f"config file {arg} not found (see configs/)")
             try:
@@ -73,6 +83,12 @@ def load_config(argv):
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
+    if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
+        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the schedule "
+                        "decays from learning_rate to min_lr; use min_lr <= learning_rate")
+    if config["rope_scaling"] is not None and config["pos_emb"] != "rope":  # it would train and be stored, doing nothing
+        raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: only a RoPE model "
+                        "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
         raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
                          f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")

@@ -41,8 +41,10 @@ class GPTConfig:
         small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
         if small:
             raise ValueError(f"{', '.join(small)}: model sizes must be >= 1")
-        if not 0 <= self.dropout < 1 or self.rope_base <= 1:
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1) and rope_base={self.rope_base!r} above 1")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} is not allowed; use 0 <= dropout < 1")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base={self.rope_base!r} is not allowed; use a base > 1")
         for key, allowed in (("pos_emb", POS_EMBS), ("rope_layout", LAYOUTS)):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"unknown {key} {getattr(self, key)!r}; allowed: {', '.join(allowed)}")
@@ -428,9 +430,10 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **positions):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, **positions):
         """Sample max_new_tokens after idx [B, T] through a KV cache, every step with the same `positions`
-        (GPT.forward's rope_scaling, window, logn_len): past block_size the encoding extrapolates."""
+        (GPT.forward's rope_scaling, window, logn_len): past block_size the encoding extrapolates. on_token(ids [B, 1])
+        sees each step's tokens as they come (sample.py streams them)."""
         cache = KVCache(self.config.n_layer)
         logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), positions.get("rope_scaling"))], cache=cache, **positions)
         for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
@@ -438,6 +441,8 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             idx_next = sample_next(logits[:, -1, :], temperature, top_k)
             idx = torch.cat((idx, idx_next), dim=1)
+            if on_token:
+                on_token(idx_next)
             logits, _ = self(idx_next, cache=cache, **positions)
         return idx
 

@@ -137,8 +137,17 @@ def check_scaling(scaling, head_dim=None):
         value, flag = scaling.get(key), key == "truncate"  # YaRN's ramp bounds: whole pairs (True) or exact
         if value is not None and not (isinstance(value, bool) if flag else is_number(value)):
             raise ValueError(f"{key} must be {'True or False' if flag else 'a number'}, got {value!r}")
-    if rope_type in ("dynamic", "yarn", "longrope", "llama3") and not scaling.get("original_max_position_embeddings"):
+    for key in ("beta_fast", "beta_slow"):  # a number of rotations over L: its log is taken
+        if scaling.get(key) is not None and not scaling[key] > 0:
+            raise ValueError(f"{key} must be a number > 0 (rotations over the original length), got {scaling[key]!r}")
+    for key in ("mscale", "mscale_all_dim"):  # below 0 the attention temperature can turn negative: logits flipped
+        if scaling.get(key) is not None and not scaling[key] >= 0:
+            raise ValueError(f"{key} must be a number >= 0, got {scaling[key]!r}")
+    original = scaling.get("original_max_position_embeddings")
+    if rope_type in ("dynamic", "yarn", "longrope", "llama3") and original is None:
         raise ValueError(f"rope_type {rope_type!r} needs 'original_max_position_embeddings' (the training length)")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, numbers.Integral) or original < 1):
+        raise ValueError(f"original_max_position_embeddings must be an integer >= 1 (the training length), got {original!r}")
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
     if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: equal
         raise ValueError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "

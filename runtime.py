@@ -1,10 +1,14 @@
 """What every command needs around the model: CLI helpers, device and dtype, wandb, where data lives, atomic writes
 and checkpoints. Shared by train.py, bench.py, sample.py and eval/; no training loop, no model code."""
 import argparse
+import atexit
+import json
+import math
 import netrc
 import os
 import sys
 from contextlib import nullcontext, suppress
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -12,6 +16,10 @@ import torch
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parent
+OOM_HINT = {"train.py": "lower --batch_size (and raise --gradient_accumulation_steps to keep the tokens per iteration), "
+                         "--block_size or the model size",
+            "sample.py": "lower --num_samples or --max_new_tokens",
+            "extrapolate.py": "lower --lengths (the longest window is one forward) or --tokens"}
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
 
@@ -21,12 +29,22 @@ class UserError(ValueError):
 
 
 def run_cli(prog, fn, *args):
-    """fn(*args), with an expected failure (UserError, OSError) as `prog: error: <one line>`, exit 1; any other
-    exception is a bug and keeps its traceback."""
+    """fn(*args), with an expected failure (UserError, OSError) as `prog: error: <one line>`, exit 1; Ctrl-C as
+    `prog: interrupted <where>`, exit 130; any other exception is a bug and keeps its traceback. The output folders
+    it claimed are released whatever happens."""
     try:
         return fn(*args)
     except (UserError, OSError) as e:
         sys.exit(f"{prog}: error: {' '.join(str(e).split())}")
+    except KeyboardInterrupt as e:  # what the command was doing, if it said (train.py: the iteration and how to resume)
+        print(f"{prog}: interrupted{' ' + str(e) if str(e) else ''}", file=sys.stderr)
+        sys.exit(130)
+    except (MemoryError, RuntimeError) as e:  # torch's allocators raise RuntimeErrors; any other RuntimeError is a bug
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
+            raise
+        sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
+    finally:
+        release_outputs()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,9 +63,12 @@ def parse_list(text, name, convert, allowed=None):
     if allowed and (bad := [t for t in items if t not in allowed]):
         raise UserError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
     try:
-        return list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
-    except ValueError:  # the convert function's own: float("x")
+        values = list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
+    except ValueError:
         raise UserError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
+    if bad := [t for t, v in zip(items, map(convert, items)) if isinstance(v, float) and not math.isfinite(v)]:
+        raise UserError(f"--{name} {text!r}: {', '.join(bad)} is not a finite number")  # inf and nan pass range checks
+    return values
 
 
 def number(text, name, convert, minimum):
@@ -55,9 +76,112 @@ def number(text, name, convert, minimum):
         value = convert(text)
     except ValueError:
         raise UserError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
+    if not math.isfinite(value):  # inf passes `>= minimum`
+        raise UserError(f"--{name} {text!r} is not a finite number; use a number >= {minimum}")
     if not value >= minimum:  # also catches nan
         raise UserError(f"--{name} must be >= {minimum}, got {text}")
     return value
+
+
+def finite(obj):
+    """obj with every non-finite float as None, for strict JSON (Infinity and NaN are not JSON; strict parsers refuse them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def json_text(obj, indent=None):
+    """Strict JSON of obj: what every file the project writes holds (a non-finite number as null)."""
+    return json.dumps(finite(obj), indent=indent, allow_nan=False)
+
+
+def output_path(text, name, kind="folder"):
+    """An --out option as a Path, refused when it would write somewhere the user did not mean: empty (the current folder),
+    or for a file or prefix (kind), a folder name such as `.`, `..` or one ending in `/` (hidden `.png` files, or beside)."""
+    if not str(text).strip():
+        raise UserError(f"--{name} is empty; name the {kind}" + (" (e.g. out/compare)" if kind != "folder" else ""))
+    path = Path(text)
+    if kind != "folder" and (str(text).endswith(("/", os.sep)) or path.name in ("", ".", "..") or path.is_dir()):
+        raise UserError(f"--{name} {text!r} is a folder; give a {kind} inside it ({path}/NAME)")
+    return path
+
+
+def distinct(paths, what):
+    """paths, refused if one is given twice (the same run, however written): its data would count twice."""
+    seen = {}
+    for p in paths:
+        if (key := run_home(p).resolve()) in seen:
+            raise UserError(f"{what} {p} is given twice ({seen[key]} and {p}); give each once")
+        seen[key] = p
+    return paths
+
+
+def run_labels(paths, names):
+    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line per run."""
+    shared = {n for n in names if names.count(n) > 1}
+    return [str(p) if n in shared else n for p, n in zip(paths, names)]
+
+
+def run_home(run_dir):
+    """The folder of a run given as its folder or its ckpt.pt: where its evaluations are written by default."""
+    return Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
+
+
+def live_pid(lock):
+    """The pid in a lock file if that process is alive and not this one (a restarted container may reuse it), else None."""
+    with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
+        pid = int(lock.read_text())
+        with suppress(PermissionError):  # alive, another user's
+            os.kill(pid, 0)
+        return pid if pid > 0 and pid != os.getpid() else None
+
+
+_CLAIMED = []  # (lock, folder made for it) of claim_output, released by run_cli, write_all or at exit
+
+
+def claim_output(folder, name):
+    """Make folder and hold folder/.<name>.lock until the command ends: a second command writing the same outputs
+    there meanwhile is refused, as training's out_dir is; and a folder that cannot be written fails now, not after
+    the whole computation."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"output folder {folder} is a file: choose another --out")
+    made = not folder.exists()
+    lock = folder / f".{name}.lock"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if pid := live_pid(lock):
+            raise UserError(f"{folder} is in use by process {pid} ({lock}): another command is writing its {name} "
+                            "outputs there; wait for it, or give another --out")
+        lock.unlink(missing_ok=True)  # stale: its process has ended
+        with open(lock, "x") as f:  # O_EXCL: FileExistsError if another command took it just now
+            f.write(str(os.getpid()))
+    except FileExistsError:
+        raise UserError(f"{folder} is in use by another command ({lock}); wait for it, or give another --out") from None
+    except OSError as e:  # read-only, or under a file: found now, not after the whole computation
+        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another --out") from None
+    _CLAIMED.append((lock, folder if made else None))
+    return folder
+
+
+def release_outputs(folder=None):
+    """Remove this process's output locks (in folder, or all), and a folder claimed for outputs that never came."""
+    for item in [c for c in _CLAIMED if folder is None or c[0].parent == Path(folder)]:
+        _CLAIMED.remove(item)
+        lock, made = item
+        with suppress(OSError):  # gone already, or taken over by another process: not ours to remove
+            if lock.read_text() == str(os.getpid()):
+                lock.unlink()
+        with suppress(OSError):
+            if made:
+                made.rmdir()  # only if empty
+
+
+atexit.register(release_outputs)
 
 
 def pick_device(name):
@@ -129,6 +253,11 @@ def load_checkpoint(path, device="cpu"):
         raise UserError(f"checkpoint {path} is corrupted or not a ropelab checkpoint ({type(e).__name__}: {why})") from None
     if missing := [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]:
         raise UserError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
+    known = {f.name for f in fields(GPTConfig)}
+    if not isinstance(ckpt["model_args"], dict) or (unknown := sorted(set(ckpt["model_args"]) - known)):
+        what = f"model_args {', '.join(map(str, unknown))}" if isinstance(ckpt["model_args"], dict) else "no model_args dict"
+        raise UserError(f"checkpoint {path} is not a ropelab checkpoint: it has {what} (nanoGPT's, say), which ropelab's "
+                        "model does not have; train.py writes the checkpoints ropelab reads")
     return ckpt
 
 

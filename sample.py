@@ -1,5 +1,7 @@
 """Generate text from a trained run with any evaluation method, as far past the training length as you ask. The KV cache
 re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options: README.md."""
+import codecs
+import math
 import sys
 from pathlib import Path
 
@@ -9,6 +11,9 @@ from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import FIXED, forward_args, original_len, unavailable
 from model import sample_next
 from runtime import UserError, arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
+
+
+SEPARATOR = "\n---------------\n"
 
 
 def parse_args(argv):
@@ -30,6 +35,8 @@ def parse_args(argv):
         raise UserError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("seed", 0)):
         number(getattr(a, name), name, int, low)
+    if a.temperature == math.inf:  # every token equally likely: noise, not the model
+        raise UserError("--temperature inf samples uniformly at random; use a finite number > 0")
     if not a.temperature > 0:  # also catches nan
         raise UserError(f"--temperature must be > 0, got {a.temperature}; for greedy sampling use --top_k 1")
     try:
@@ -38,19 +45,45 @@ def parse_args(argv):
         raise UserError(f"--factor {a.factor!r} is not auto or a number") from None
     if factor is not None and not factor >= 1:
         raise UserError(f"--factor must be auto or a number >= 1, got {a.factor}")
+    if factor == math.inf:  # passes `>= 1`: an infinite factor leaves no frequency
+        raise UserError(f"--factor {a.factor} is not a finite number; use auto or a number >= 1")
     if a.prompt == "":
         raise UserError(f"--prompt is empty; leave it out to start a new document ({EOT})")
     return dict(vars(a), factor=factor, device=pick_device(a.device))
 
 
 @torch.no_grad()
-def generate_truncated(model, idx, max_new_tokens, temperature, top_k):
+def generate_truncated(model, idx, max_new_tokens, temperature, top_k, on_token=None):
     """crop: each token from its last L tokens at positions 0 .. L-1 (nanoGPT's sampling). No cache: the kept
     tokens move at every step (a window over the cache is the method `window`)."""
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -model.config.block_size:])
-        idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
+        idx = torch.cat((idx, idx_next := sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
+        if on_token:
+            on_token(idx_next)
     return idx
+
+
+def streamer(enc, live):
+    """(on_token for generation, the new ids so far per step, the text a last partial character leaves): with live,
+    the first sample's text is printed as it comes, so a long generation shows progress and survives a Ctrl-C."""
+    steps, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+    def on_token(ids):
+        steps.append(ids[:, 0].tolist())
+        if live:
+            print(decoder.decode(enc.decode_single_token_bytes(steps[-1][0])), end="", flush=True)
+    return on_token, steps, lambda: decoder.decode(b"", final=True)
+
+
+def read_prompt(path):
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8") from None
+    except IsADirectoryError:
+        raise UserError(f"--prompt_file {path} is a folder; give a text file") from None
+    except FileNotFoundError:
+        raise UserError(f"--prompt_file {path} not found") from None
 
 
 def sample(args):
@@ -58,7 +91,7 @@ def sample(args):
     model = model_from_checkpoint(ckpt).to(args["device"]).eval()
     cfg = model.config
     enc = gpt2_tokenizer(cfg.vocab_size)  # the run's vocabulary: the data is not needed, only its size
-    text = Path(args["prompt_file"]).read_text(encoding="utf-8") if args["prompt_file"] else args["prompt"]
+    text = read_prompt(args["prompt_file"]) if args["prompt_file"] else args["prompt"]
     if args["prompt_file"] and not text:
         raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
@@ -73,11 +106,21 @@ def sample(args):
           file=sys.stderr)
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
-    new = (args["max_new_tokens"], args["temperature"], args["top_k"] or None)
-    with autocast("auto", torch.device(args["device"]).type)[1]:
-        out = generate_truncated(model, idx, *new) if method == "crop" else model.generate(idx, *new, **kwargs)
-    samples = [(text or "") + enc.decode(row[len(prompt):].tolist()) for row in out]
-    print(*samples, sep="\n---------------\n", end="\n---------------\n")
+    new, live = (args["max_new_tokens"], args["temperature"], args["top_k"] or None), args["num_samples"] == 1
+    on_token, steps, rest = streamer(enc, live)
+    if live:
+        print(text or "", end="", flush=True)
+    try:
+        with autocast("auto", torch.device(args["device"]).type)[1]:
+            if method == "crop":
+                generate_truncated(model, idx, *new, on_token)
+            else:
+                model.generate(idx, *new, on_token=on_token, **kwargs)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"after {len(steps)} of {args['max_new_tokens']} new tokens; the text so far is above") from None
+    finally:  # the text so far, whatever happens: the one sample streamed, or every sample printed now
+        samples = [(text or "") + enc.decode([step[i] for step in steps]) for i in range(args["num_samples"])]
+        print(*([rest()] if live else samples), sep=SEPARATOR, end=SEPARATOR)
     return samples
 
 

@@ -22,7 +22,10 @@ from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_v
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from rope import first_negative, scaling_type, trained_freq
-from runtime import UserError, autocast, data_dir, init_wandb, load_checkpoint, model_from_checkpoint, peak_flops, pick_device, run_cli, write_atomic
+from runtime import (UserError, autocast, data_dir, init_wandb, json_text, live_pid, load_checkpoint, model_from_checkpoint,
+                     peak_flops, pick_device, run_cli, write_atomic)
+
+RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
 
 # ----------------------------------------------------------------------------- training
 
@@ -59,6 +62,9 @@ def start_checkpoint(config, meta, device):
     tune = config["init_from"] != "resume"
     path = config["init_from"] if tune else Path(config["out_dir"])
     ckpt = load_checkpoint(path, device)
+    if not tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):  # weights only, as tests/assets/copier.pt
+        raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only); fine-tune "
+                        f"from it instead: --init_from={path}/ckpt.pt --out_dir=<a new folder>")
     args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
     if tune:  # the original training length (and encoding) stay the first run's, through chains of fine-tunes
         origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
@@ -82,15 +88,6 @@ def start_checkpoint(config, meta, device):
                          f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
                          f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
     return ckpt, origin
-
-
-def live_pid(lock):
-    """The pid in a lock file if that process is alive and not this one (a restarted container may reuse it), else None."""
-    with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
-        pid = int(lock.read_text())
-        with suppress(PermissionError):  # alive, another user's
-            os.kill(pid, 0)
-        return pid if pid > 0 and pid != os.getpid() else None
 
 
 @contextmanager
@@ -123,11 +120,19 @@ def run_folder(config):
 
 
 def trim_log(path, iter_num):
-    """Keep the log lines up to a resume's checkpoint iter_num, rewritten atomically, so that none is written twice."""
-    def kept(line):
-        with suppress(ValueError, KeyError, TypeError):
-            return json.loads(line)["iter"] <= iter_num
-    text = "".join(line + "\n" for line in path.read_text().splitlines() if kept(line)) if path.exists() else ""
+    """Keep the log lines up to a resume's checkpoint iter_num, rewritten atomically, so that none is written twice.
+    A line that is not a log entry (a kill -9 mid-write, an edit) is moved to log.jsonl.rejected, never dropped."""
+    def entry(line):
+        with suppress(ValueError, TypeError, KeyError):  # not JSON, not a dict, no iter
+            if isinstance(it := json.loads(line)["iter"], int):
+                return it
+        return None
+    lines = [(line, entry(line)) for line in path.read_text(errors="replace").splitlines()] if path.exists() else []
+    if bad := [line for line, it in lines if it is None and line.strip()]:
+        with open(path.with_name(path.name + ".rejected"), "a") as f:
+            f.write("".join(line + "\n" for line in bad))
+        print(f"{path}: {len(bad)} line(s) that are not log entries moved to {path.name}.rejected")
+    text = "".join(line + "\n" for line, it in lines if it is not None and it <= iter_num)
     write_atomic(path, lambda f: f.write(text.encode()))
 
 
@@ -243,58 +248,69 @@ def train(config):
                if master and config["wandb_log"] else None)
 
         t0, timed_from = time.time(), iter_num
-        while True:
-            lr = lr_at(iter_num, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
-                if master:
-                    losses = estimate_loss(raw_model, splits, config, ctx, device, copy_vocab)
-                    best_val_loss = min(best_val_loss, losses["val"])
-                    copy = (f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else
-                            f", mqar acc {losses['mqar_acc']:.3f}" if "mqar_acc" in losses else "")
-                    print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
-                    if iter_num > logged:  # the eval curve, readable without wandb
-                        with open(out_dir / "log.jsonl", "a") as f:
-                            f.write(json.dumps({"iter": iter_num, **losses}) + "\n")
+        saved = iter_num if config["init_from"] == "resume" else None  # the checkpoint a resume starts from
+        try:
+            while True:
+                lr = lr_at(iter_num, config)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
+                    if master:
+                        losses = estimate_loss(raw_model, splits, config, ctx, device, copy_vocab)
+                        if not math.isfinite(losses["train"] + losses["val"]):  # NaN weights are no checkpoint
+                            raise UserError(f"the loss is not finite at iter {iter_num} (train {losses['train']}, val {losses['val']}): "
+                                            f"training diverged; lower "
+                                            f"learning_rate (now {config['learning_rate']:g}) or raise warmup_iters"
+                                            + ("" if saved is None else f" (the checkpoint at iter {saved} is kept)"))
+                        best_val_loss = min(best_val_loss, losses["val"])
+                        copy = (f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else
+                                f", mqar acc {losses['mqar_acc']:.3f}" if "mqar_acc" in losses else "")
+                        print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{copy}")
+                        if iter_num > logged:  # the eval curve, readable without wandb
+                            with open(out_dir / "log.jsonl", "a") as f:
+                                f.write(json_text({"iter": iter_num, **losses}) + "\n")
+                        if run:
+                            run.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in splits else f"val/{k}": v for k, v in losses.items()}})
+                        if iter_num > 0:
+                            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
+                                     "origin": origin, "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
+                                     "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}}
+                            write_atomic(out_dir / "ckpt.pt", lambda f: torch.save(state, f))
+                            saved = iter_num
+                    t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
+                if iter_num >= config["max_iters"]:
+                    break
+                for micro in range(gas):
+                    if ddp:  # all-reduce gradients on the last micro step only
+                        model.require_backward_grad_sync = micro == gas - 1
+                    rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
+                    mix_synthetic(rows, rng, config, copy_vocab)
+                    x, y = inputs_targets(rows, device)
+                    with ctx:
+                        _, loss = model(x, y)
+                        loss = loss / gas
+                    scaler.scale(loss).backward()
+                if config["grad_clip"]:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                iter_num += 1
+                if iter_num % config["log_interval"] == 0 and master:
+                    if device_type == "cuda":
+                        torch.cuda.synchronize()
+                    tok_s, flops, mfu = throughput(tokens_per_iter * (iter_num - timed_from), time.time() - t0,
+                                                   raw_model.flops_per_token(config["block_size"]), peak, world)
+                    t0, timed_from = time.time(), iter_num
+                    print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
+                          f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * mfu:.1f}%" if peak else ""))
                     if run:
-                        run.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in splits else f"val/{k}": v for k, v in losses.items()}})
-                    if iter_num > 0:
-                        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                                 "model_args": asdict(gptconf), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                                 "origin": origin, "config": config, "data": {k: meta[k] for k in ("tokenizer", "vocab_size")},
-                                 "rng": {"numpy": rng.bit_generator.state, "torch": torch.get_rng_state()}}
-                        write_atomic(out_dir / "ckpt.pt", lambda f: torch.save(state, f))
-                t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
-            if iter_num >= config["max_iters"]:
-                break
-            for micro in range(gas):
-                if ddp:  # all-reduce gradients on the last micro step only
-                    model.require_backward_grad_sync = micro == gas - 1
-                rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
-                mix_synthetic(rows, rng, config, copy_vocab)
-                x, y = inputs_targets(rows, device)
-                with ctx:
-                    _, loss = model(x, y)
-                    loss = loss / gas
-                scaler.scale(loss).backward()
-            if config["grad_clip"]:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            iter_num += 1
-            if iter_num % config["log_interval"] == 0 and master:
-                if device_type == "cuda":
-                    torch.cuda.synchronize()
-                tok_s, flops, mfu = throughput(tokens_per_iter * (iter_num - timed_from), time.time() - t0,
-                                               raw_model.flops_per_token(config["block_size"]), peak, world)
-                t0, timed_from = time.time(), iter_num
-                print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
-                      f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * mfu:.1f}%" if peak else ""))
-                if run:
-                    run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
+                        run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
+        except KeyboardInterrupt:  # for run_cli's one line: where it stopped and how to go on
+            raise KeyboardInterrupt(f"at iter {iter_num}; resume with --init_from=resume" + ("" if saved is None else
+                                    f" (from its checkpoint at iter {saved})")) from None
         if run:
             run.finish()
     if ddp:

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.tokenizer import gpt2_tokenizer
-from runtime import UserError, synced, write_atomic
+from runtime import UserError, claim_output, release_outputs, synced, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -118,6 +118,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     meta = dict(tokenizer="gpt2", vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
                 files=files, val_fraction=val_fraction, seed=seed)
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
+    release_outputs(out_dir)
     return meta
 
 
@@ -142,6 +143,31 @@ def is_prepared(out_dir, **expected):
         meta = load_meta(out_dir)
         return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
     return False
+
+
+def describe(value):
+    """A meta.json value in a few words: a source by its package, path or Hugging Face name."""
+    if isinstance(value, dict):
+        return next((str(value[k]) for k in ("package", "folder", "file", "hf") if k in value), "an unnamed source")
+    return repr(value)
+
+
+def claim_corpus(out_dir, overwrite=False, **new):
+    """out_dir held for one prepare.py at a time (runtime.claim_output; released when its meta.json is written), and
+    refused, unless overwrite, if it holds a corpus prepared with other values of new (source, vocab_size,
+    val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+    claim_output(out_dir, "prepare")
+    try:
+        old = json.loads((Path(out_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return  # nothing prepared there, or damaged: preparing it again is its fix
+    def change(k, was, now):
+        return f"{k} {describe(was)}, " + ("its contents changed" if describe(was) == describe(now) else f"not {describe(now)}")
+    differ = [change(k, old.get(k), v) for k, v in new.items()
+              if isinstance(old, dict) and old.get(k) != json.loads(json.dumps(v))]  # through JSON: tuples are lists
+    if differ and not overwrite:
+        raise UserError(f"{out_dir} holds another corpus ({'; '.join(differ)}): replacing it would leave the runs trained "
+                        "on it without their data; pass --overwrite to replace it, or prepare into another folder")
 
 
 def shakespeare_vocab(name):
@@ -180,6 +206,10 @@ def load_meta(data_dir, verify=True):
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
         raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+    vocab, eot = meta.get("vocab_size"), meta.get("eot_token")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or eot != vocab - 1:  # the EOT id is the largest id written
+        raise UserError(f"{folder / 'meta.json'} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
+                        f"is vocab_size - 1 in a prepared corpus); {fix}")
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
         stamps = dict(json.loads(stamp.read_text()))
@@ -217,12 +247,12 @@ def doc_windows(docs, length, n_windows, rng):
     start + k*length of every document, all, or n_windows drawn without replacement (spread by document length)."""
     docs = np.asarray(docs, dtype=np.int64).reshape(-1, 2)
     doc_lens = docs[:, 1] - docs[:, 0]
-    per_doc = doc_lens // length
-    total = int(per_doc.sum())
-    if total == 0:
-        longest = int(doc_lens.max()) if len(doc_lens) else 0
+    longest = int(doc_lens.max()) if len(doc_lens) else 0
+    if length > longest:  # checked before numpy divides: a length past its integers would overflow
         raise UserError(f"no window of length {length} fits inside a document: the longest document has "
                          f"{longest} tokens, so 0 windows are available; use a length <= {longest}")
+    per_doc = doc_lens // length
+    total = int(per_doc.sum())
     k = np.arange(total) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
     starts = np.repeat(docs[:, 0], per_doc) + k * length
     if total > n_windows:

@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
-from runtime import UserError, arg_parser, run_cli
+from runtime import UserError, arg_parser, claim_output, distinct, output_path, run_cli, run_labels
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
@@ -52,8 +52,14 @@ def compare(run_dirs, out, metric, protocol):
     for name, value, allowed in (("metric", metric, METRICS), ("protocol", protocol, PROTOCOLS)):
         if value not in allowed:
             raise UserError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
-    reports = [load_report(d, protocol) for d in run_dirs]  # a run with nothing to compare is an error, not a gap
-    table, out = markdown(reports, metric, protocol), Path(out)  # out: a prefix
+    out = output_path(out, "out", "prefix")
+    claim_output(out.parent, f"compare_{out.name}")
+    reports = [load_report(d, protocol) for d in distinct(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
+    for rep, name in zip(reports, run_labels(run_dirs, [rep["run"] for rep in reports])):
+        rep["run"] = name  # two runs named alike would share a row
+    if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"])]:
+        raise UserError(f"{lacking[0]}/extrapolation.json has no {metric} in its results; re-run eval/extrapolate.py {lacking[0]}")
+    table = markdown(reports, metric, protocol)
     write_all(out.parent, {f"{out.name}.png": plot(reports, metric, protocol), f"{out.name}.md": table})
     print(table + f"-> {out}.md, {out}.png")
 

@@ -16,7 +16,8 @@ from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, w
 from eval import methods
 from eval.methods import FIXED, METHODS, forward_args, method_factor, original_len
 from eval.score import bin_edges, load_run, mean_stderr, score_sliding, score_windows, sliding_windows
-from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_device, run_cli
+from eval.score import load_run, score_sliding, score_windows, sliding_windows
+from runtime import UserError, arg_parser, claim_output, init_wandb, number, output_path, parse_list, pick_device, run_cli, run_home
 
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
@@ -53,7 +54,7 @@ def parse_args(argv):
     p.add_argument("--wandb_log", default=None, help="true | false (default: the run's own wandb_log)")
     p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="same as --wandb_log false")
     a = p.parse_args(argv)
-    args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device),
+    args = dict(run_dir=Path(a.run_dir), out=run_home(a.run_dir) if a.out is None else output_path(a.out, "out"), device=pick_device(a.device),
                 options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
                 **{k: parse_list(getattr(a, k), k, str, allowed) for k, allowed in
                    (("methods", METHODS), ("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
@@ -263,6 +264,7 @@ def log_wandb(report, ckpt, png_path):
 
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    claim_output(args["out"], "extrapolation")  # before the computation: a folder that cannot be written fails now
     train_len, pos_emb = original_len(ckpt), model.config.pos_emb
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "

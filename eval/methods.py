@@ -15,7 +15,7 @@ EXTEND = ("self-extend", "rerope")  # exact positions within a neighbour window,
 def self_extend_group(length, run_len, window):
     """Self-Extend's group size: the smallest G whose largest grouped distance, (length - 1) // G + W - W // G, is
     one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
-    return next(g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len)
+    return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
 def applies(method, pos_emb):

@@ -33,20 +33,23 @@ def png(fig, tight=True, rect=None, **savefig):
 
 
 def json_csv(name, report, rows, fields):
-    """{name.json: the report, name.csv: the rows' fields, None as an empty cell}, for write_all."""
+    """{name.json: the report, name.csv: the rows' fields, None (or a non-finite number) as an empty cell}, for write_all."""
+    from runtime import finite, json_text
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
-    w.writerows({k: "" if r.get(k) is None else r[k] for k in fields} for r in rows)
-    return {f"{name}.json": json.dumps(report, indent=1) + "\n", f"{name}.csv": buf.getvalue()}
+    w.writerows({k: "" if finite(r.get(k)) is None else r[k] for k in fields} for r in rows)
+    return {f"{name}.json": json_text(report, indent=1) + "\n", f"{name}.csv": buf.getvalue()}
 
 
 def write_all(out, files):
-    """Write {name: text or bytes} into the folder out, each atomically (runtime.write_atomic): call it last."""
-    from runtime import write_atomic  # runtime imports torch: not on import of this module
+    """Write {name: text or bytes} into the folder out, each atomically (runtime.write_atomic): call it last. Then the
+    folder's claim (runtime.claim_output) is released: the outputs are in place."""
+    from runtime import release_outputs, write_atomic  # runtime imports torch: not on import of this module
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         write_atomic(out / name, lambda f: f.write(data.encode() if isinstance(data, str) else data))
+    release_outputs(out)
 
 
 def panels(plt, n, per_row, stacked, size, **subplots):
@@ -66,6 +69,9 @@ def line_style(method, i):
     return dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}", ls="-" if i < 10 else "-.")
 
 
+RESULT_KEYS = ("protocol", "method", "mode", "eval_len")  # what every table reads of a result
+
+
 def load_report(run_dir, protocol=None):
     """A run's extrapolation.json (compare.py, the study); an error if it is missing, broken, empty or (protocol given) has none of its entries."""
     from runtime import UserError  # runtime imports torch: not on import of this module
@@ -77,6 +83,10 @@ def load_report(run_dir, protocol=None):
         missing = [k for k in ("run", "train_len", "units", "results") if k not in report]
     except (ValueError, TypeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); re-run eval/extrapolate.py {run_dir}") from None
+    if not missing and not isinstance(report["results"], list):
+        missing = ["a list of results"]
+    if not missing and (bad := [k for r in report["results"] for k in RESULT_KEYS if not isinstance(r, dict) or k not in r]):
+        missing = [f"{bad[0]} in its results"]
     if missing:
         raise UserError(f"{path} is not an extrapolate.py result (missing {', '.join(missing)}); re-run eval/extrapolate.py {run_dir}")
     if not any(protocol in (None, r["protocol"]) for r in report["results"]):

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from eval.report import png, pyplot, write_all
 from rope import bound_curve, first_negative, trained_freq
-from runtime import UserError, arg_parser, number, parse_list, run_cli
+from runtime import UserError, arg_parser, claim_output, json_text, number, parse_list, run_cli
 
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
@@ -100,6 +100,7 @@ def base_bound(args):
     print(*(f"head dim {d}, context {L}: smallest base {b:.2g} (two significant digits)" for L, b in smallest.items()), sep="\n")
     if not args["bases"]:
         return smallest
+    claim_output(args["out"], "base_bound")
     fails = {b: first_negative(trained_freq(d, b), max_len) for b in args["bases"]}
     print(*(f"base {b:g}: " + (f"B_m < 0 first at m = {m}" if m else f"B_m >= 0 up to m = {max_len}")
             for b, m in fails.items()), sep="\n")
@@ -107,7 +108,7 @@ def base_bound(args):
     report = dict(head_dim=d, smallest_base={str(L): b for L, b in smallest.items()},
                   first_negative={f"{b:g}": m for b, m in fails.items()}, max_len=max_len,
                   **({"copy_top1": {f"{b:g}": rows for b, rows in zip(args["bases"], copies)}} if copies else {}))
-    files = {"base_bound.png": plot(d, args["bases"], max_len, fails), "base_bound.json": json.dumps(report, indent=1) + "\n"}
+    files = {"base_bound.png": plot(d, args["bases"], max_len, fails), "base_bound.json": json_text(report, indent=1) + "\n"}
     if copies:
         files["base_bound_copy.png"] = plot_copy(d, args["bases"], max_len, fails, copies)
     write_all(args["out"], files)

@@ -21,7 +21,7 @@ from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, original_len
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, mean_stderr, score_rows
-from runtime import UserError, arg_parser, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, claim_output, number, output_path, parse_list, pick_device, run_cli, run_home
 
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
@@ -43,7 +43,7 @@ def parse_args(argv):
     contexts = parse_list(a.contexts, "contexts", float)
     if not all(0 < x < math.inf for x in contexts):  # also nan
         raise UserError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
-    return dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device), contexts=contexts,
+    return dict(run_dir=Path(a.run_dir), out=run_home(a.run_dir) if a.out is None else output_path(a.out, "out"), device=pick_device(a.device), contexts=contexts,
                 options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, FIXED),
                 units=number(a.units, "units", int, 1), seed=number(a.seed, "seed", int, 0),
                 targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1),
@@ -111,6 +111,7 @@ def table(report):
 
 def context_sweep(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
     L, run_len, pos_emb = original_len(ckpt), model.config.block_size, model.config.pos_emb
     kept = methods.usable(args["methods"], pos_emb)
     m, contexts = args["targets"] or max(1, L // 8), sorted({round(x * L) for x in args["contexts"]})

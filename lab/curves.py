@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import png, pyplot, write_all
-from runtime import UserError, arg_parser, run_cli
+from runtime import UserError, arg_parser, claim_output, distinct, output_path, run_cli, run_labels
 
 YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
 
@@ -16,13 +16,30 @@ def read_log(run_dir):
     path = Path(run_dir) / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no training log at {path}; train.py writes it at every evaluation")
-    if not (log := [json.loads(line) for line in path.read_text().splitlines() if line.strip()]):
+    if not (log := [entry(path, i, line) for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                    if line.strip()]):
         raise UserError(f"{path} is empty: no evaluation logged yet; train.py appends one every eval_interval iterations")
     return log
 
 
+def entry(path, lineno, line):
+    """One log.jsonl line: a JSON object with an integer iter."""
+    try:
+        e = json.loads(line)
+    except ValueError as err:
+        raise UserError(f"{path}:{lineno} is not a JSON line ({err}); fix or remove that line") from None
+    if not isinstance(e, dict) or not isinstance(e.get("iter"), int):
+        raise UserError(f"{path}:{lineno} is not a train.py log entry (no integer 'iter'); fix or remove that line")
+    return e
+
+
 def curves(args):
-    logs = {Path(r).name: read_log(r) for r in args.runs}
+    out = output_path(args.out, "out", "file")
+    if out.suffix != ".png":  # the figure is PNG whatever the name says
+        raise UserError(f"--out {args.out}: curves.py writes a PNG figure; give a name ending in .png")
+    claim_output(out.parent, f"curves_{out.name}")
+    runs = distinct(args.runs, "run")
+    logs = dict(zip(run_labels(runs, [Path(r).resolve().name for r in runs]), map(read_log, runs)))
     metrics = [m for m in YLABELS if m == "val" or any(m in e for log in logs.values() for e in log)]
     fig, axes = pyplot().subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
@@ -31,7 +48,7 @@ def curves(args):
                 ax.plot(*zip(*points), marker=".", label=name)
         ax.set(xlabel="iteration", ylabel=YLABELS[metric])
         ax.legend(fontsize=8)
-    write_all(Path(args.out).parent, {Path(args.out).name: png(fig)})
+    write_all(out.parent, {out.name: png(fig)})
     print(*(f"{name}: iter {log[-1]['iter']}, " + ", ".join(f"{m} {log[-1][m]:.4f}" for m in metrics if m in log[-1])
             for name, log in logs.items()), f"-> {args.out}", sep="\n")
 

@@ -19,7 +19,7 @@ from eval.report import json_csv, png, pyplot, write_all
 from eval.score import load_run, score_rows
 from lab.stats import LEVEL, holm, interval
 from rope import first_negative, yarn_attention_factor
-from runtime import UserError, arg_parser, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, claim_output, distinct, number, output_path, parse_list, pick_device, run_cli
 
 CSV_FIELDS = ("variant", "distance", "factor", "top1", "lo", "hi", "bound_negative_at")
 
@@ -42,7 +42,7 @@ def parse_args(argv):
     distances = parse_list(a.distances, "distances", float)
     if min(distances) <= 1:
         raise UserError(f"--distances {a.distances}: multiples of the training length above 1 (inside it no pair is scaled)")
-    return dict(runs=[Path(r) for r in a.runs], out=Path(a.out), device=pick_device(a.device), distances=distances,
+    return dict(runs=[Path(r) for r in distinct(a.runs, "run")], out=output_path(a.out, "out"), device=pick_device(a.device), distances=distances,
                 trials=number(a.trials, "trials", int, 2), segment=number(a.segment, "segment", int, 2),
                 seed=number(a.seed, "seed", int, 0), betas=betas, copy_source="random",
                 command=" ".join(["python lab/pairs.py", *argv]))
@@ -120,6 +120,7 @@ def measure(models, trial_sets, L, k, betas):
 
 
 def sweep(args):
+    claim_output(args["out"], "pairs")
     models, ckpt, folder = load_runs(args["runs"], args["device"])
     L, k = original_len(ckpt), args["segment"]
     tokens, docs = load_split(folder, "val")

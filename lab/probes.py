@@ -22,7 +22,7 @@ from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import bin_edges, load_run, mean_stderr, score_rows
 from model import visible
 from rope import first_negative
-from runtime import UserError, arg_parser, init_wandb, number, parse_list, pick_device, run_cli
+from runtime import UserError, arg_parser, claim_output, init_wandb, number, output_path, parse_list, pick_device, run_cli, run_home
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
@@ -48,7 +48,7 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
     p.add_argument("--no-wandb", dest="wandb", action="store_false", help="do not log to wandb (default: as the run)")
     a = p.parse_args(argv)
-    args = dict(run_dir=Path(a.run_dir), out=Path(a.out or a.run_dir), device=pick_device(a.device),
+    args = dict(run_dir=Path(a.run_dir), out=run_home(a.run_dir) if a.out is None else output_path(a.out, "out"), device=pick_device(a.device),
                 options=[x for x in argv if x != a.run_dir], wandb=a.wandb,
                 probes=parse_list(a.probes, "probes", str, PROBES), methods=parse_list(a.methods, "methods", str, METHODS),
                 distances=parse_list(a.distances, "distances", float), lengths=parse_list(a.lengths, "lengths", float),
@@ -316,6 +316,7 @@ def log_wandb(report, ckpt, pngs):
 
 def probes(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    claim_output(args["out"], "probes")  # before the computation: a folder that cannot be written fails now
     L, vocab, pos_emb = model.config.block_size, model.config.vocab_size, model.config.pos_emb
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")

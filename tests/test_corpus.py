@@ -87,7 +87,7 @@ def test_adding_a_file_prepares_again_and_moves_no_document(corpus, tmp_path):
     old = {s: documents(out, s) for s in ("train", "val")}
     old_source = load_meta(out)["source"]
     (folder / "e.jsonl").write_text("".join(json.dumps({"text": f"new document {i}"}) + "\n" for i in range(20)))
-    prepare(folder, vocab_size=VOCAB, val_fraction=0.3, out_dir=out)
+    prepare(folder, vocab_size=VOCAB, val_fraction=0.3, out_dir=out, overwrite=True)  # a changed source: on purpose
     assert load_meta(out)["source"]["sha256"] != old_source["sha256"]
     for split in ("train", "val"):
         new = documents(out, split)
@@ -101,8 +101,8 @@ def test_second_run_is_a_noop(corpus, tmp_path, capsys):
     prepare(folder, vocab_size=VOCAB, out_dir=out, workers=3)  # the number of workers changes nothing
     assert "already prepared" in capsys.readouterr().out
     assert {f: (out / f).stat().st_mtime_ns for f in before} == before
-    prepare(folder, vocab_size=VOCAB, out_dir=out, val_fraction=0.5)  # other options: prepared again
-    with pytest.raises(ValueError, match=f"holds data at vocab_size {VOCAB}; give --name another folder for 1024"):
+    prepare(folder, vocab_size=VOCAB, out_dir=out, val_fraction=0.5, overwrite=True)  # other options: prepared again
+    with pytest.raises(ValueError, match=f"holds another corpus .vocab_size {VOCAB}, not 1024.*pass --overwrite"):
         prepare(folder, vocab_size=1024, out_dir=out)  # another vocabulary never rewrites data runs were trained on
     assert load_meta(out)["val_fraction"] == 0.5 and (out / "val.bin").stat().st_mtime_ns != before["val.bin"]
 
@@ -194,7 +194,7 @@ def test_a_failure_half_way_keeps_the_previous_dataset(corpus, tmp_path, capsys)
     before = {f: (out / f).read_bytes() for f in DATA_FILES + ["meta.json"]}
     with open(folder / "a.jsonl", "a") as f:
         f.write('{"body": "the last line has no text field"}\n')
-    assert "a.jsonl:34: no 'text' field" in error_line(capsys, prepare, folder, vocab_size=VOCAB, out_dir=out)
+    assert "a.jsonl:34: no 'text' field" in error_line(capsys, prepare, folder, vocab_size=VOCAB, out_dir=out, overwrite=True)
     assert {f: (out / f).read_bytes() for f in before} == before and is_prepared(out)
     assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no temp file left behind
 

@@ -124,13 +124,15 @@ def test_second_prepare_is_a_noop(prepared, folder):
     assert {f: (prepared / f).stat().st_mtime_ns for f in FILES} == before
 
 
-def test_a_changed_folder_is_prepared_again_and_another_vocab_goes_elsewhere(prepared, folder):
+def test_a_changed_folder_is_prepared_again_with_overwrite_and_another_vocab_goes_elsewhere(prepared, folder):
     old_source = load_meta(prepared)["source"]
     (folder / "a.txt").write_text(TEXTS["a.txt"].upper())  # same length: the content itself must be hashed
-    prepare_text(folder, vocab_size=VOCAB, val_fraction=0.3, out_dir=prepared)
+    with pytest.raises(ValueError, match="holds another corpus .source .*, its contents changed.*pass --overwrite"):
+        prepare_text(folder, vocab_size=VOCAB, val_fraction=0.3, out_dir=prepared)  # runs were trained on the old one
+    prepare_text(folder, vocab_size=VOCAB, val_fraction=0.3, out_dir=prepared, overwrite=True)
     assert load_meta(prepared)["source"]["sha256"] != old_source["sha256"]
     assert is_prepared(prepared, vocab_size=VOCAB, source=load_meta(prepared)["source"])
-    with pytest.raises(ValueError, match=f"holds data at vocab_size {VOCAB}; give --name another folder"):
+    with pytest.raises(ValueError, match=f"holds another corpus .vocab_size {VOCAB}, not 300.*pass --overwrite"):
         prepare_text(folder, vocab_size=300, val_fraction=0.3, out_dir=prepared)  # runs were trained on it
     other = prepare_text(folder, vocab_size=300, val_fraction=0.3, out_dir=prepared.parent / "v300")
     assert load_meta(other)["eot_token"] == 299 and is_prepared(prepared, vocab_size=VOCAB)

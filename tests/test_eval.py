@@ -351,7 +351,7 @@ def test_data_missing_or_of_another_vocabulary_is_a_one_line_error(rope_run, dat
     ckpt = torch.load(rope_run / "ckpt.pt", weights_only=True)
     data = Path(shutil.copytree(dataset, tmp_path / "other"))
     meta = json.loads((data / "meta.json").read_text())
-    (data / "meta.json").write_text(json.dumps({**meta, "vocab_size": 1024}))
+    (data / "meta.json").write_text(json.dumps({**meta, "vocab_size": 1024, "eot_token": 1023}))
     for name, dataset_dir in (("mismatch", data), ("nodata", tmp_path / "gone")):
         torch.save({**ckpt, "config": {**ckpt["config"], "dataset": str(dataset_dir)}}, tmp_path / f"{name}.pt")
     assert "has vocab_size 1024 but checkpoint" in error_of([str(tmp_path / "mismatch.pt")])

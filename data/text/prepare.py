@@ -2,7 +2,7 @@
 tokenized in parallel and split by whole document into train and val.
 
     python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
-                                [--vocab_size N] [--val_fraction F] [--workers N]
+                                [--vocab_size N] [--val_fraction F] [--workers N] [--overwrite]
 
 SOURCE's forms, the split, the format, the guarantees and the errors: docs/reference.md ("Preparing any corpus").
 """
@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import VOCAB_SIZE, builtin, is_prepared, val_by_hash, write_dataset, write_documents
+from data.dataset import VOCAB_SIZE, builtin, claim_corpus, is_prepared, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
 from runtime import UserError, arg_parser, run_cli
 
@@ -162,8 +162,10 @@ def default_name(source):
     return path.name[:-len(suffix(path))] if path.is_file() and suffix(path) else path.name
 
 
-def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None, out_dir=None):
-    """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs."""
+def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None, out_dir=None,
+            overwrite=False):
+    """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs,
+    an error if another corpus is there (unless overwrite)."""
     source = str(source)
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -177,7 +179,11 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     workers = min(os.cpu_count() or 1, 8) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise UserError(f"workers={workers!r} is not allowed; use an integer >= 1")
+    if out_dir is not None and not str(out_dir).strip():
+        raise UserError("--out_dir is empty; name the folder for the corpus, or leave it out for data/<name>/")
     out_dir = Path(out_dir) if out_dir is not None else DATA_ROOT / name
+    if out_dir.resolve().parent == DATA_ROOT and builtin(out_dir.name):  # --out_dir data/shakespeare: --name's rule
+        raise UserError(f"--out_dir {out_dir} is a built-in corpus's folder (data/{out_dir.name}/); choose another folder")
     if hf := source.startswith(HF):
         spec = source[len(HF):]
         if not spec.split(":")[0]:
@@ -195,8 +201,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if is_prepared(out_dir, vocab_size=vocab_size, source=origin, val_fraction=val_fraction):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return out_dir
-    if (old := is_prepared(out_dir)) and old["vocab_size"] != vocab_size:  # runs trained on it would lose their data
-        raise UserError(f"{out_dir} holds data at vocab_size {old['vocab_size']}; give --name another folder for {vocab_size}")
+    claim_corpus(out_dir, overwrite, source=origin, vocab_size=vocab_size, val_fraction=val_fraction)
     check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
@@ -219,4 +224,5 @@ if __name__ == "__main__":
                         f"a folder of .txt files only, else {GPT2_VOCAB_SIZE}, the full GPT-2 vocabulary)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer threads (default: the CPU count, at most 8)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a corpus prepared in that folder from other inputs")
     run_cli("prepare.py", lambda: prepare(**vars(parser.parse_args())))
