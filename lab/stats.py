@@ -96,6 +96,18 @@ def interval(values, groups=None, n_boot=REPLICATES, seed=0, margin=None):
     return out
 
 
+def ratio_interval(num, den, groups=None, n_boot=REPLICATES, seed=0):
+    """{mean, lo, hi}: mean(num) / mean(den), both [seeds, units] on the same units, and its percentile interval from
+    replicates that resample num and den alike (the same seed and cluster counts): the share of one paired gain that
+    another recovers. A replicate whose denominator is not positive is a gain that vanished: the share is undefined
+    there, and the interval says so by running to -inf or +inf."""
+    mean_n, reps_n = bootstrap(num, groups, n_boot, seed)
+    mean_d, reps_d = bootstrap(den, groups, n_boot, seed)
+    shares = np.where(reps_d > 0, reps_n / np.where(reps_d > 0, reps_d, 1), np.sign(reps_n) * np.inf)
+    lo, hi = np.quantile(shares, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return dict(mean=mean_n / mean_d if mean_d > 0 else None, lo=float(lo), hi=float(hi), gain=mean_d)
+
+
 def normal_p(mean, sd):
     return 1.0 if sd == 0 and mean == 0 else 0.0 if sd == 0 else float(2 * sps.norm.sf(abs(mean) / sd))
 

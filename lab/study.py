@@ -16,7 +16,7 @@ from eval.extrapolate import parse_args as eval_options
 from lab.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from eval.methods import METHODS
-from lab.stats import LEVEL, both, blocks, documents, interval, replicates, seed_test
+from lab.stats import LEVEL, both, blocks, documents, interval, ratio_interval, replicates, seed_test
 from runtime import ROOT, UserError, arg_parser, claim_output, init_wandb, json_text, load_checkpoint, number, run_cli
 from config import load_config
 
@@ -187,6 +187,35 @@ def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
                 family.append(declare("control", config, f"{name} - {control} crop", f"{control} crop", T,
                                       paired(past, ref, (name, T), ("crop", T), "loss_beyond_train"), docs[T], margin))
     return [c for c in family if c]
+
+
+def ceiling_shares(reports, control, ceiling):
+    """Per method of the control and length past L: the share of the ceiling's gain it recovers, (crop - method) /
+    (crop - ceiling) over the same targets, where crop and method are the control's and the ceiling is the ceiling
+    config read as trained with its full context (none); seeds x documents resampled alike for both (ratio_interval)."""
+    mine, top = [past_l(rep) for rep in reports[control]], [past_l(rep) for rep in reports[ceiling]]
+    rows = []
+    for name, T in mine[0] if mine else ():
+        gain = paired(mine, top, ("crop", T), ("none", T), "loss_beyond_train")
+        recovered = [None if d is None else -np.asarray(d) for d in paired(mine, mine, (name, T), None, "diff_crop")]
+        if name == "crop" or any(v is None for v in gain + recovered):
+            continue
+        docs = shared_docs(reports[control], f"windows {T}", f"{control} at {T}")
+        rows.append(dict(method=name, eval_len=T, **ratio_interval(recovered, gain, docs)))
+    return rows
+
+
+def shares_section(shares, control, ceiling, L):
+    if not shares:
+        return None
+    cells = [((control, r["method"]), r["eval_len"], "n/a" if r["mean"] is None else
+              f"{r['mean']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]") for r in shares]
+    gains = ", ".join(f"{r['eval_len'] / L:g}x {r['gain']:+.4f}" for r in shares if r["method"] == shares[0]["method"])
+    return (f"### Share of the ceiling's gain each method recovers, past L\n\n(crop - method) / (crop - ceiling) over "
+            f"the same targets: crop and the method are {control}'s, the ceiling is {ceiling} read with its full context. "
+            f"0: no better than crop; 1: as good as the ceiling. Mean [95% bootstrap interval, seeds x documents "
+            f"resampled alike]; the ceiling's gain, crop minus ceiling (nats): {gains}. A share means something only "
+            f"where that gain is decided (the control contrast above).\n\n" + table(cells, sorted({r["eval_len"] for r in shares}), L))
 
 
 def probe_contrasts(probes, pairs=PAIRS, control=None, margin=RATE_MARGIN):
@@ -384,7 +413,7 @@ def widths_section(widths, L):
             "documents (the unit of every other interval on this page)\n\n" + "\n".join([head, *body]))
 
 
-def markdown(rows, seeds, probe_rows=(), declared=None, widths=None):
+def markdown(rows, seeds, probe_rows=(), declared=None, widths=None, shares=None):
     L, tables = rows[0]["train_len"], []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         rs, unit = [r for r in rows if r["protocol"] == protocol], "windows" if protocol == "windows" else "stretches"
@@ -405,6 +434,8 @@ def markdown(rows, seeds, probe_rows=(), declared=None, widths=None):
                                   note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing"))
     if declared and declared["rows"]:
         tables.append(declared_section(declared, L))
+    if shares:
+        tables.append(shares_section(*shares, L))
     tables.append(widths_section(widths, L))
     return "\n\n".join(t for t in tables if t) + "\n"
 
@@ -491,6 +522,7 @@ def parse_args(argv):
             ("eval_args", "", "options for every eval/extrapolate.py run"),
             ("probe_args", None, "options for lab/probes.py ('' for its defaults; not given: no probes)"),
             ("control", None, "one of the configs: every other config's methods against its crop past L (a matched control)"),
+            ("ceiling", None, "another config, the ceiling: the share of its gain over the control's crop each control method recovers"),
             ("contrasts", "", "more declared method contrasts, a-b[,c-d]: method a minus method b (e.g. llama3-yarn)"),
             ("margin", str(MARGIN), "equivalence margin of a loss contrast (nats)"),
             ("rate_margin", str(RATE_MARGIN), "equivalence margin of a probe-rate contrast (top-1)"),
@@ -502,7 +534,7 @@ def parse_args(argv):
     args = dict(configs=a.configs, seeds=number(a.seeds, "seeds", int, 1), out=Path(a.out), train_args=shlex.split(a.train_args),
                 eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
-                control=a.control and Path(a.control).stem, contrasts=parse_contrasts(a.contrasts),
+                control=a.control and Path(a.control).stem, ceiling=a.ceiling and Path(a.ceiling).stem, contrasts=parse_contrasts(a.contrasts),
                 margin=number(a.margin, "margin", float, 0), rate_margin=number(a.rate_margin, "rate_margin", float, 0))
     if clash := same_names(a.configs):
         raise UserError(f"configs {', '.join(clash)} share the name {Path(clash[0]).stem!r}, which names their runs "
@@ -510,6 +542,8 @@ def parse_args(argv):
     if owned := [t for t in args["train_args"] if t.split("=")[0] == "--out_dir"]:
         raise UserError(f"--train_args {' '.join(owned)}: the study owns its runs' folders (<out>/<config>_seed<k>); "
                         "use --out for the study's folder instead")
+    if a.ceiling and (a.ceiling not in a.configs or not a.control or a.ceiling == a.control):
+        raise UserError(f"--ceiling {a.ceiling!r} needs --control and must be another of the study's configs ({', '.join(a.configs)})")
     if a.control and a.control not in a.configs:
         raise UserError(f"--control {a.control!r} is not one of the study's configs ({', '.join(a.configs)})")
     for config in a.configs:  # train.py's own checks, as each run will get them
@@ -537,10 +571,12 @@ def study(args):
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
     declared = contrasts(reports, probes, args["control"], list(dict.fromkeys([*PAIRS, *args["contrasts"]])),
                          args["margin"], args["rate_margin"])
+    shares = args["ceiling"] and ceiling_shares(reports, args["control"], args["ceiling"])
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=LEVEL, rows=rows, probe_rows=probe_rows,
-                  contrasts=declared)
+                  contrasts=declared, ceiling_shares=shares or None)
     md = (f"# Study of {', '.join(reports)}: {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
-          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, declared, unit_widths(reports)))
+          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, declared, unit_widths(reports),
+                                                                      shares and (shares, args["control"], args["ceiling"])))
     write_all(out, {"study.png": plot(rows), "study.json": json_text(result, indent=1) + "\n", "study.md": md})
     print(md + f"-> {out}/study.{{json,md,png}}")
     if args["wandb_log"]:

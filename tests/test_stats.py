@@ -146,3 +146,16 @@ def test_a_contrast_is_decided_only_where_both_tests_reject_under_holm():
     # bootstrap p's reject the first two; the seed-level p's only the first and third; a missing seed test rejects nothing
     assert both([0.001, 0.001, 0.5], [0.001, 0.5, 0.001]) == [True, False, False]
     assert both([0.0, 0.0], [None, 0.0]) == [False, True]
+
+
+def test_the_ratio_of_two_gains_resamples_both_alike():
+    rng = np.random.default_rng(1)
+    den = rng.uniform(0.1, 0.3, (3, 12))  # the ceiling's gain per seed and window, all positive
+    r = stats.ratio_interval(0.25 * den, den, groups=np.repeat(np.arange(4), 3))
+    # a method that recovers a quarter of the gain on every unit: every replicate's ratio is 0.25 exactly, which it
+    # would not be if the numerator and denominator were resampled independently
+    assert (r["mean"], r["lo"], r["hi"]) == pytest.approx((0.25, 0.25, 0.25)) and r["gain"] == pytest.approx(den.mean())
+    noisy = stats.ratio_interval(0.25 * den + rng.normal(0, 0.05, den.shape), den)
+    assert noisy["lo"] < noisy["mean"] < noisy["hi"] and noisy["hi"] - noisy["lo"] > 0.05
+    # a gain that vanishes: no share, and an interval that says so
+    assert stats.ratio_interval(den, den - 0.5)["mean"] is None

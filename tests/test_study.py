@@ -423,3 +423,17 @@ def test_a_control_is_declared_for_probe_rates_too():
     probes = {"ft": [seed([1.0] * 6 + [0.0] * 4) for _ in range(3)], "cont": [seed([0.0] * 10) for _ in range(3)]}
     (c,) = study.contrasts({}, probes, control="cont")["rows"]
     assert (c["config"], c["method"], c["ref"], c["mean"], c["units"]) == ("ft", "copy: none - cont none", "cont none", 0.6, 10)
+
+
+def test_the_ceiling_share_is_crop_minus_method_over_crop_minus_ceiling():
+    # control: crop 3.8, yarn 3.7 past L; ceiling read as trained (none) 3.4: yarn recovers (3.8 - 3.7) / (3.8 - 3.4)
+    w = np.array([0.1, -0.1, 0.2, -0.2])
+    past = dict(protocol="windows", eval_len=64, mode=None)
+    def rep(losses):
+        return dict(run="r", train_len=32, units={}, unit_docs={"windows 64": [0, 0, 1, 1]}, results=[
+            dict(past, method=m, per_unit=dict(loss_beyond_train=list(v + w), diff_crop=list(v - 3.8 + 0 * w)))
+            for m, v in losses.items()])
+    reports = {"ctl": [rep({"crop": 3.8, "yarn": 3.7})] * 3, "top": [rep({"none": 3.4, "crop": 3.5})] * 3}
+    (row,) = study.ceiling_shares(reports, "ctl", "top")
+    assert (row["method"], row["eval_len"]) == ("yarn", 64) and row["mean"] == pytest.approx(0.25)
+    assert row["gain"] == pytest.approx(0.4)
