@@ -95,5 +95,5 @@ def load_config(argv):
     return config
 
 
-def model_config(config, vocab_size):
-    return gpt_config(dict(vocab_size=vocab_size, **{k: config[k] for k in MODEL_KEYS}))
+def model_config(config, vocab_size, train_len=None):
+    return gpt_config(dict(vocab_size=vocab_size, train_len=train_len, **{k: config[k] for k in MODEL_KEYS}))
