@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from eval.methods import applicable, unavailable
+from eval.methods import applicable, forward_args, unavailable
+from eval.score import score_rows
 from model import GPT, GPTConfig, KVCache, Method, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
@@ -233,6 +234,25 @@ def test_sinks_through_the_kv_cache_equal_the_full_forward(pos_emb, one_thread):
     cache = KVCache(model.config.n_layer)
     steps = torch.cat([model(idx[:, t:t + 1], cache=cache, method=Method(window=L, sinks=4))[0] for t in range(idx.size(1))], dim=1)
     assert torch.allclose(steps, model(idx, method=Method(window=L, sinks=4))[0], atol=1e-5)
+
+
+def test_crop_is_truncation_in_scoring_and_in_generation_alike():
+    # one home: Method(crop=L) scores a long row as its last L tokens from position 0, and samples as nanoGPT does
+    model = tiny()
+    crop = forward_args("crop", 4 * L, L, L)
+    assert crop == Method(crop=L)
+    rows = torch.randint(0, 97, (2, 4 * L + 1)).numpy()
+    assert (score_rows(model, rows, method=crop)[0] == score_rows(model, rows[:, -(L + 1):])[0]).all()
+    out = model.generate(torch.zeros(1, 3, dtype=torch.long), 2 * L, top_k=1, method=crop)
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(2 * L):
+            idx = torch.cat((idx, model(idx[:, -L:])[0][:, -1:].argmax(-1)), dim=1)
+    assert torch.equal(out, idx)
+
+
+def test_a_config_without_train_len_scales_from_block_size():
+    assert GPTConfig(block_size=32).train_len == 32 and GPTConfig(block_size=64, train_len=16).train_len == 16
 
 
 def test_sinks_need_a_window():
