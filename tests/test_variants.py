@@ -84,7 +84,7 @@ def test_all_nope_layers_are_a_nope_model_and_no_nope_layer_is_a_rope_model():
     every = sharpen(tiny(nope_every=1))
     nope = same_weights(every, pos_emb="none")
     assert torch.allclose(every(idx)[0], nope(idx)[0], atol=1e-6)
-    assert torch.allclose(every(idx, **PI)[0], nope(idx)[0], atol=1e-6)  # RoPE scaling: no RoPE layer to act on
+    assert torch.allclose(every(idx, method=Method(**PI))[0], nope(idx)[0], atol=1e-6)  # RoPE scaling: no RoPE layer to act on
     never = sharpen(tiny(nope_every=3))  # 2 layers: none is the 3rd
     assert torch.allclose(never(idx)[0], same_weights(never)(idx)[0], atol=1e-6)
 
@@ -110,10 +110,10 @@ def test_a_hybrid_is_a_rope_models_layer_then_a_nope_models_layer(rope_window, m
     rope, nope = same_weights(hybrid), same_weights(hybrid, pos_emb="none")
     idx, first = torch.randint(0, 97, (2, 3 * L)), {}
     rope.transformer.h[0].register_forward_hook(lambda module, inputs, output: first.setdefault("x", output))
-    rope_logits, _ = rope(idx, **rope_args)
+    rope_logits, _ = rope(idx, method=Method(**rope_args))
     nope.transformer.h[0].register_forward_hook(lambda module, inputs, output: first["x"])  # replaces its layer 1
-    expected, _ = nope(idx, **nope_args)
-    logits, _ = hybrid(idx, **method)
+    expected, _ = nope(idx, method=Method(**nope_args))
+    logits, _ = hybrid(idx, method=Method(**method))
     assert torch.allclose(logits, expected, atol=1e-5)
     assert not torch.allclose(logits, rope_logits, atol=1e-3)  # layer 2 is not RoPE's
 
