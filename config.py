@@ -8,7 +8,8 @@ from types import ModuleType
 from model import GPTConfig
 from runtime import UserError, gpt_config
 
-MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")  # vocab_size comes from the data
+# vocab_size comes from the data, train_len from the checkpoint a run fine-tunes (train.py): neither is a config key
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "train_len"))
 
 DEFAULTS = dict(
     out_dir="out/default",
@@ -95,5 +96,5 @@ def load_config(argv):
     return config
 
 
-def model_config(config, vocab_size):
-    return gpt_config(dict(vocab_size=vocab_size, **{k: config[k] for k in MODEL_KEYS}))
+def model_config(config, vocab_size, train_len=None):
+    return gpt_config(dict(vocab_size=vocab_size, train_len=train_len, **{k: config[k] for k in MODEL_KEYS}))

@@ -7,7 +7,7 @@ nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import torch
@@ -36,8 +36,10 @@ class GPTConfig:
     nope_every: int | None = None  # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
     rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
     ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
+    train_len: int | None = None  # the original training length the methods scale from: block_size, or a fine-tune's first run's
 
     def __post_init__(self):
+        self.train_len = self.train_len or self.block_size
         small = [f"{k}={getattr(self, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(self, k) < 1]
         if small:
             raise ValueError(f"{', '.join(small)}: model sizes must be >= 1")
@@ -75,6 +77,42 @@ class GPTConfig:
         scaling = scaling or self.rope_scaling
         return ({"original_max_position_embeddings": self.block_size, **own, **scaling} if isinstance(scaling, dict)
                 else scaling)
+
+
+@dataclass(frozen=True)
+class Method:
+    """How positions are treated, for one call (GPT.forward, generate, the scorers); eval/methods.py builds one per
+    method name. rope_scaling: a rope_scaling dict replacing the trained one (None: as trained); causal_dynamic: exact
+    per-position dynamic scaling (a full forward, no cache); window: attend to at most the last `window` positions;
+    sinks: of those, keep the first `sinks` positions of the sequence instead, at StreamingLLM's cache positions (Xiao
+    et al. 2023); logn_len: log-n attention scaling past this length; extend: (window, group): pairs at least `window`
+    apart take far_positions' (ReRoPE: group None; Self-Extend); crop: truncation, the input cut to its last `crop`
+    tokens (Method.kept) before a forward. rope_scaling, causal_dynamic and extend act on the RoPE layers only; window
+    on every layer (GPT.layer_positions)."""
+    rope_scaling: dict | None = None
+    causal_dynamic: bool = False
+    window: int | None = None
+    sinks: int = 0
+    logn_len: int | None = None
+    extend: tuple | None = None
+    crop: int | None = None
+
+    def __post_init__(self):
+        if self.sinks and (not self.window or self.causal_dynamic or not 0 < self.sinks < self.window):
+            raise ValueError(f"sinks={self.sinks} needs a window longer than it, without causal_dynamic (window={self.window})")
+        if self.extend and (self.window or self.causal_dynamic or self.extend[0] < 1):
+            raise ValueError(f"extend={self.extend} needs a window >= 1 and neither a sliding window nor causal_dynamic")
+
+    def kept(self, idx):
+        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else all."""
+        return idx[:, -self.crop:] if self.crop else idx
+
+    def given(self):
+        """The fields set, for reports: {} for the model as trained."""
+        return {k: v for k, v in asdict(self).items() if v}
+
+
+AS_TRAINED = Method()
 
 
 class Positions(NamedTuple):
@@ -354,11 +392,12 @@ class GPT(nn.Module):
             return None
         return visible(T, Tk, window, device, sinks)
 
-    def layer_positions(self, rope, start, T, window, sinks, logn_len, device, extend=None):
+    def layer_positions(self, rope, start, T, method, device):
         """The Positions of one kind of layer over T queries after `start` cached ones. rope: (cos, sin, per_query) of
         GPT.rotary, None for a layer without rotation. A RoPE layer with a rope_window attends within the smaller of
         it and the method's window, keeping the method's sinks only where that is the method's (a layer trained
         local never saw far-off sinks)."""
+        window, sinks, extend = method.window, method.sinks, method.extend
         if rope is not None and self.config.rope_window and not (window and window < self.config.rope_window):
             window, sinks = self.config.rope_window, 0
         cos, sin, per_query = rope or (None, None, None)
@@ -372,24 +411,14 @@ class GPT(nn.Module):
             far = (cos[at_q], sin[at_q], cos[at_k], sin[at_k], extend[0])
         seen = torch.arange(start + 1, start + T + 1, device=device)  # keys each query sees: causal, within the window
         seen = seen.clamp(max=window) if window else seen
-        return Positions(cos, sin, self.attention_mask(T, start + T, window, sinks, per_query is not None, device),
-                         logn_scale(seen, logn_len)[:, None] if logn_len else None, per_query, rotated_sinks,
-                         seen.float().log()[:, None] if self.config.ssmax else None, far)
+        return Positions(cos=cos, sin=sin, mask=self.attention_mask(T, start + T, window, sinks, per_query is not None, device),
+                         q_scale=logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
+                         per_query=per_query, sinks=rotated_sinks, far=far,
+                         log_n=seen.float().log()[:, None] if self.config.ssmax else None)
 
-    def forward(self, idx, targets=None, cache=None, rope_scaling=None, causal_dynamic=False, window=None, sinks=0,
-                logn_len=None, extend=None, last=None):
+    def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
-        cache: a KVCache, continued in place. How positions are treated, for this call only (eval/methods.py
-        builds them): rope_scaling: a rope_scaling dict replacing the trained one (None: as trained);
-        causal_dynamic: exact per-position dynamic scaling (a full forward, no cache); window: attend to at most
-        the last `window` positions; sinks: of those, keep the first `sinks` positions of the sequence instead,
-        at StreamingLLM's cache positions (Xiao et al. 2023); logn_len: log-n attention scaling past this length;
-        extend: (window, group) pairs at least `window` apart take far_positions' (ReRoPE: group None; Self-Extend).
-        rope_scaling, causal_dynamic and extend act on the RoPE layers only; window on every layer (layer_positions)."""
-        if sinks and (not window or causal_dynamic or not 0 < sinks < window):
-            raise ValueError(f"sinks={sinks} needs a window longer than it, without causal_dynamic (window={window})")
-        if extend and (window or causal_dynamic or extend[0] < 1):
-            raise ValueError(f"extend={extend} needs a window >= 1 and neither a sliding window nor causal_dynamic")
+        cache: a KVCache, continued in place. method: how positions are treated in this call (Method)."""
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -403,9 +432,10 @@ class GPT(nn.Module):
                 raise ValueError(f"learned position table has {self.config.block_size} entries; "
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
-        rope = self.rotary(start + T, rope_scaling, causal_dynamic, idx.device) if self.config.pos_emb == "rope" else None
+        rope = (self.rotary(start + T, method.rope_scaling, method.causal_dynamic, idx.device)
+                if self.config.pos_emb == "rope" else None)
         # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
-        pos = {nope: self.layer_positions(None if nope else rope, start, T, window, sinks, logn_len, idx.device, extend)
+        pos = {nope: self.layer_positions(None if nope else rope, start, T, method, idx.device)
                for nope in {block.attn.nope for block in self.transformer.h}}
         x = self.transformer.drop(x)
         for block in self.transformer.h:
@@ -430,20 +460,24 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, **positions):
-        """Sample max_new_tokens after idx [B, T] through a KV cache, every step with the same `positions`
-        (GPT.forward's rope_scaling, window, logn_len): past block_size the encoding extrapolates. on_token(ids [B, 1])
-        sees each step's tokens as they come (sample.py streams them)."""
-        cache = KVCache(self.config.n_layer)
-        logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), positions.get("rope_scaling"))], cache=cache, **positions)
-        for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
-            logits, _ = self(idx[:, t:t + 1], cache=cache, **positions)
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, method=AS_TRAINED):
+        """Sample max_new_tokens after idx [B, T], every step with the same Method: past block_size the encoding
+        extrapolates. Through a KV cache, except under crop: each token from its last `crop` tokens at positions 0 ..
+        crop - 1 (nanoGPT's sampling), the kept tokens moving at every step. on_token(ids [B, 1]) sees each step's
+        tokens as they come (sample.py streams them)."""
+        cache = None if method.crop else KVCache(self.config.n_layer)
+        if cache is None:
+            logits, _ = self(method.kept(idx))
+        else:
+            logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), method.rope_scaling)], cache=cache, method=method)
+            for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
+                logits, _ = self(idx[:, t:t + 1], cache=cache, method=method)
         for _ in range(max_new_tokens):
             idx_next = sample_next(logits[:, -1, :], temperature, top_k)
             idx = torch.cat((idx, idx_next), dim=1)
             if on_token:
                 on_token(idx_next)
-            logits, _ = self(idx_next, cache=cache, **positions)
+            logits, _ = self(method.kept(idx)) if cache is None else self(idx_next, cache=cache, method=method)
         return idx
 
     def exact_prefill(self, T, rope_scaling):

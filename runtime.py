@@ -269,9 +269,14 @@ def gpt_config(args):
         raise UserError(str(e)) from None
 
 
+def checkpoint_config(ckpt):
+    """The checkpoint's GPTConfig; one written before train_len was a field takes it from its origin."""
+    return gpt_config({"train_len": (ckpt.get("origin") or {}).get("train_len"), **ckpt["model_args"]})
+
+
 def model_from_checkpoint(ckpt, config=None):
-    """The checkpoint's model (config: a GPTConfig to build instead of its own model_args, for a fine-tune)."""
-    model = GPT(config or gpt_config(ckpt["model_args"]))
+    """The checkpoint's model (config: a GPTConfig to build instead of its own, for a fine-tune)."""
+    model = GPT(config or checkpoint_config(ckpt))
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:

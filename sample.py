@@ -8,8 +8,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.methods import FIXED, forward_args, original_len, unavailable
-from model import sample_next
+from eval.methods import FIXED, forward_args, unavailable
 from runtime import UserError, arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
 
 
@@ -52,18 +51,6 @@ def parse_args(argv):
     return dict(vars(a), factor=factor, device=pick_device(a.device))
 
 
-@torch.no_grad()
-def generate_truncated(model, idx, max_new_tokens, temperature, top_k, on_token=None):
-    """crop: each token from its last L tokens at positions 0 .. L-1 (nanoGPT's sampling). No cache: the kept
-    tokens move at every step (a window over the cache is the method `window`)."""
-    for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -model.config.block_size:])
-        idx = torch.cat((idx, idx_next := sample_next(logits[:, -1, :], temperature, top_k)), dim=1)
-        if on_token:
-            on_token(idx_next)
-    return idx
-
-
 def streamer(enc, live):
     """(on_token for generation, the new ids so far per step, the text a last partial character leaves): with live,
     the first sample's text is printed as it comes, so a long generation shows progress and survives a Ctrl-C."""
@@ -96,13 +83,13 @@ def sample(args):
         raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
-    total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], original_len(ckpt)
+    total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], cfg.train_len
     if reason := unavailable(cfg, method, total):  # before any sampling
         raise UserError(f"--method {method}: {reason}")
-    kwargs = forward_args(method, total, train_len, cfg.block_size, args["factor"])
+    how = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
           f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: "
-          f"{'each token from its last L' if method == 'crop' else kwargs or 'as trained'}",
+          f"{'each token from its last L' if how.crop else how.given() or 'as trained'}",
           file=sys.stderr)
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])
@@ -112,10 +99,7 @@ def sample(args):
         print(text or "", end="", flush=True)
     try:
         with autocast("auto", torch.device(args["device"]).type)[1]:
-            if method == "crop":
-                generate_truncated(model, idx, *new, on_token)
-            else:
-                model.generate(idx, *new, on_token=on_token, **kwargs)
+            model.generate(idx, *new, on_token=on_token, method=how)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"after {len(steps)} of {args['max_new_tokens']} new tokens; the text so far is above") from None
     finally:  # the text so far, whatever happens: the one sample streamed, or every sample printed now

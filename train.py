@@ -22,7 +22,7 @@ from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_v
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from rope import first_negative, scaling_type, trained_freq
-from runtime import (UserError, autocast, data_dir, init_wandb, json_text, live_pid, load_checkpoint, model_from_checkpoint,
+from runtime import (UserError, autocast, checkpoint_config, data_dir, init_wandb, json_text, live_pid, load_checkpoint, model_from_checkpoint,
                      peak_flops, pick_device, run_cli, write_atomic)
 
 RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
@@ -58,7 +58,7 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
 def start_checkpoint(config, meta, device):
     """(init_from's checkpoint, origin): out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS
     may differ, and pos_emb from rope to none: DroPE). A scaling that needs the original length and lacks it takes
-    origin's (model.py would take block_size)."""
+    the checkpoint's train_len (model.py would take block_size)."""
     tune = config["init_from"] != "resume"
     path = config["init_from"] if tune else Path(config["out_dir"])
     ckpt = load_checkpoint(path, device)
@@ -66,16 +66,16 @@ def start_checkpoint(config, meta, device):
         raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only); fine-tune "
                         f"from it instead: --init_from={path}/ckpt.pt --out_dir=<a new folder>")
     args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
-    if tune:  # the original training length (and encoding) stay the first run's, through chains of fine-tunes
-        origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"],
-                      train_len=(origin or {}).get("train_len") or args["block_size"],
+    train_len = checkpoint_config(ckpt).train_len  # the original training length: the first run's, through fine-tunes
+    if tune:
+        origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"], train_len=train_len,
                       pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"])
     # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load as they are
     drope = tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
     needs_original = scaling_type(scaling) in ("dynamic", "yarn", "llama3", "longrope")
     if origin and needs_original and "original_max_position_embeddings" not in scaling:
-        config["rope_scaling"] = {**scaling, "original_max_position_embeddings": origin["train_len"]}
-        print(f"rope_scaling: original_max_position_embeddings={origin['train_len']}, the original training length")
+        config["rope_scaling"] = {**scaling, "original_max_position_embeddings": train_len}
+        print(f"rope_scaling: original_max_position_embeddings={train_len}, the original training length")
     # a key newer than the checkpoint: it was trained as its default (a new key's default is the old behaviour)
     differ = [f"{k}={args.get(k, DEFAULTS[k])!r} (config: {config[k]!r})" for k in MODEL_KEYS
               if not (tune and k in FINETUNE_KEYS or drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
@@ -223,7 +223,7 @@ def train(config):
                   f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}"
                   + (", pos_emb rope -> none (DroPE: the rotation dropped)" if ckpt["model_args"]["pos_emb"] != config["pos_emb"] else ""))
 
-        gptconf = model_config(config, meta["vocab_size"])
+        gptconf = model_config(config, meta["vocab_size"], origin and origin["train_len"])
         model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
         optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
                                                (config["beta1"], config["beta2"]), device_type)

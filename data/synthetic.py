@@ -2,6 +2,8 @@
 Mixed into training batches (train.py's retrieval_mix, retrieval_task) they teach a small model to copy (an induction
 head); lab/probes.py asks how far it still copies."""
 import numpy as np
+
+from data.dataset import doc_windows
 from runtime import UserError
 
 
@@ -110,3 +112,16 @@ def passkey_row(filler, encode, key, depth):
                          f"({len(needle) + len(ask) + len(answer)} tokens); use a longer length")
     at = round(depth * room)
     return np.concatenate([filler[:at], needle, filler[at:room], ask, answer]).astype(np.int64), len(answer)
+
+
+def copy_trials(tokens, docs, L, args, vocab):
+    """(distance d, rows [trials, d + segment + 1]) per --distances multiple of L: the copy probe's trials, the same
+    for every run on the same data and options (its seeds), so a study can pair them."""
+    k, rng = args["segment"], np.random.default_rng(args["seed"])
+    for mult in args["distances"]:
+        d = max(k, round(mult * L))
+        n = d + k  # the first copy starts one token in: position 1 .. k, the second ends the window
+        filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
+        segments = (None if args.get("copy_source", "random") == "random"  # text: the filler's own distribution
+                    else np.stack([tokens[s:s + k] for s in doc_windows(docs, k, len(filler), rng)]))
+        yield d, copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)

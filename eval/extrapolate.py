@@ -14,9 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from data.dataset import doc_windows, load_split
 from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
 from eval import methods
-from eval.methods import FIXED, METHODS, forward_args, method_factor, original_len
+from eval.methods import FIXED, METHODS, forward_args, method_factor
 from eval.score import bin_edges, load_run, mean_stderr, score_sliding, score_windows, sliding_windows
-from eval.score import load_run, score_sliding, score_windows, sliding_windows
 from runtime import UserError, arg_parser, claim_output, init_wandb, number, output_path, parse_list, pick_device, run_cli, run_home
 
 PROTOCOLS = ("windows", "sliding")
@@ -89,14 +88,13 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
         raise UserError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
 
 
-def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, kwargs, crop_stride):
-    """NLL [units, n] of every target of every unit, in order."""
-    if method == "crop":  # truncation: windows of L at positions 0..L-1, crop_stride apart (docs/methodology.md)
-        L = model.config.block_size
-        return np.stack([score_sliding(model, tokens, s, n, min(L, n), min(crop_stride, n))[0] for s in starts])
+def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
+    """NLL [units, n] of every target of every unit, in order, under a model.Method."""
+    if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
+        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, n))[0] for s in starts])
     if protocol == "sliding":
-        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, **kwargs)[0] for s in starts])
-    return score_windows(model, tokens, starts, n, **kwargs)
+        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method)[0] for s in starts])
+    return score_windows(model, tokens, starts, n, method=method)
 
 
 def window_positions(n, protocol, eval_len, stride):
@@ -161,15 +159,15 @@ def run_grid(model, tokens, docs, args, train_len):
         given = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}.get(method, args["factor"])
         factor = method_factor(method, T, train_len, given)
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
-        kwargs = dict(forward_args(method, T, train_len, model.config.block_size, factor), causal_dynamic=mode == "causal")
+        how = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
         # crop depends on the units alone: the sliding protocol's lengths share their stretches, and so crop's scores
         key = ("crop", n, tuple(starts)) if method == "crop" else (protocol, T, method, mode)
         if not reason and key not in done:
-            done[key] = score_units(model, tokens, starts, n, protocol, T, stride, method, kwargs, crop_stride)
+            done[key] = score_units(model, tokens, starts, n, protocol, T, stride, how, crop_stride)
         scored[protocol, T, method, mode] = None if reason else done[key]
         results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
-                            positions={k: v for k, v in kwargs.items() if v}, n_units=len(starts), tokens=n * len(starts),
+                            positions=how.given(), n_units=len(starts), tokens=n * len(starts),
                             available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
     helped = {k[:2]: helped_tokens(scored, *k[:2], args["helped_threshold"]) for k in scored}
     for r in results:
@@ -265,7 +263,7 @@ def log_wandb(report, ckpt, png_path):
 def extrapolate(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "extrapolation")  # before the computation: a folder that cannot be written fails now
-    train_len, pos_emb = original_len(ckpt), model.config.pos_emb
+    train_len, pos_emb = model.config.train_len, model.config.pos_emb
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
               f"{model.config.block_size}, crop's window")

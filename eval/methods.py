@@ -1,6 +1,7 @@
-"""The position methods every command shares: for each name its GPT.forward arguments and the encodings it
-applies to (docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for
-every encoding: the caller cuts the input to the last L tokens, so its forward gets no arguments."""
+"""The position methods every command shares: for each name its model.Method and the encodings it applies to
+(docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for every encoding:
+Method(crop=L), which the scorers and generation apply by cutting the input (Method.kept)."""
+from model import Method
 from runtime import UserError, number
 
 METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
@@ -38,11 +39,6 @@ def usable(names, pos_emb):
     return kept
 
 
-def original_len(ckpt):
-    """The length every method scales from: the run's block_size, or for a fine-tune its origin's."""
-    return (ckpt.get("origin") or {}).get("train_len") or ckpt["model_args"]["block_size"]
-
-
 def method_factor(method, length, train_len, factor=None):
     """The factor in the method's arguments at `length` tokens: None where there is none; dynamic-ntk's is
     transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
@@ -56,16 +52,16 @@ def method_factor(method, length, train_len, factor=None):
     return factor or max(1.0, length / train_len)
 
 
-def forward_args(method, length, train_len, run_len, factor=None):
-    """GPT.forward's keyword arguments for a method over `length` tokens: a Hugging Face style rope_scaling
-    dict, an attention window or log-n scaling. train_len: the original training length the methods scale
-    from (original_len); run_len: the run's own block_size (a fine-tune's), the longest context its weights
-    were trained on, which crop keeps. factor: pinned instead of method_factor's default."""
+def forward_args(method, length, train_len, run_len, factor=None, causal=False):
+    """The model.Method of a method over `length` tokens: a Hugging Face style rope_scaling dict, an attention window,
+    log-n scaling, truncation. train_len: the original training length the methods scale from (GPTConfig.train_len);
+    run_len: the run's own block_size (a fine-tune's), the longest context its weights were trained on, which crop
+    keeps. factor: pinned instead of method_factor's default; causal: dynamic scaling exact per position."""
     s, L = method_factor(method, length, train_len, factor), train_len
     yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
-    return {
+    return Method(causal_dynamic=causal, **{
         "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
-        "crop": {},  # the caller truncates the input to its last run_len tokens
+        "crop": {"crop": run_len},  # truncation to the last run_len tokens
         "window": {"window": run_len},  # sliding-window attention: each token sees its last run_len
         "sinks": {"window": run_len, "sinks": SINKS},  # the first SINKS tokens and the last run_len - SINKS
         "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
@@ -83,7 +79,7 @@ def forward_args(method, length, train_len, run_len, factor=None):
         # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
         "pairs": {"rope_scaling": {"rope_type": "longrope", "short_factor": s, "long_factor": s, "attention_factor": 1.0,
                                    "original_max_position_embeddings": L}},
-    }[method]
+    }[method])
 
 
 PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")

@@ -7,6 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from data.dataset import load_meta
+from model import AS_TRAINED
 from runtime import UserError, autocast, data_dir, load_checkpoint, model_from_checkpoint
 
 
@@ -22,24 +23,27 @@ def load_run(run_dir, device="cpu"):
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 
-def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=None, **positions):
+def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=None, method=AS_TRAINED):
     """Per-position NLL [len(starts), last or length] of the windows tokens[s:s+length+1] (see score_rows)."""
     rows = np.stack([tokens[s:s + length + 1] for s in starts])  # the callers' starts come from doc_windows: they fit
-    return score_rows(model, rows, tokens_per_batch, last, **positions)[0]
+    return score_rows(model, rows, tokens_per_batch, last, method)[0]
 
 
 @torch.no_grad()
-def score_rows(model, rows, tokens_per_batch=16384, last=None, **positions):
+def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED):
     """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of token rows [N, n+1],
-    each row from position 0, in batches <= tokens_per_batch."""
+    each row from position 0, in batches <= tokens_per_batch, under a model.Method. Its crop is done here, for every
+    command: rows longer than crop are cut to their last crop tokens, and only their targets (m <= crop) scored."""
     rows = np.asarray(rows, dtype=np.int64)
+    if method.crop and rows.shape[1] - 1 > method.crop:
+        rows, last = rows[:, -(method.crop + 1):], min(last or method.crop, method.crop)
     N, n, device = rows.shape[0], rows.shape[1] - 1, next(model.parameters()).device
     batch, m = max(1, tokens_per_batch // n), last or n
     nll, hit = np.empty((N, m), dtype=np.float64), np.empty((N, m), dtype=bool)
     for i in range(0, N, batch):
         chunk = torch.from_numpy(rows[i:i + batch]).to(device)
         with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
-            logits, _ = model(chunk[:, :-1], last=m, **positions)  # only the targets asked for: in a strided crop
+            logits, _ = model(chunk[:, :-1], last=m, method=method)  # only the targets asked for: in a strided crop
         # the head and the cross-entropy of the positions nobody reads took half the time
         y = chunk[:, -m:]  # per token, in float32 (as the model's own loss), not averaged: positions are the point
         nll[i:i + len(chunk)] = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu().numpy()
@@ -56,11 +60,11 @@ def sliding_windows(n, length, stride):
     return [(e - length, e - prev) for prev, e in zip([0] + ends, ends)]
 
 
-def score_sliding(model, tokens, start, n, length, stride, **positions):
+def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
     """(NLL [n], position in its window) of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
     plan = sliding_windows(n, length, stride)  # the first window scores all its targets, the others their last <= stride
-    nll = [*score_windows(model, tokens, [start + plan[0][0]], length, **positions),
-           *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, **positions)
+    nll = [*score_windows(model, tokens, [start + plan[0][0]], length, method=method),
+           *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, method=method)
              if len(plan) > 1 else [])]
     return (np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)]),
             np.concatenate([np.arange(length - k, length) for _, k in plan]))

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from data.dataset import doc_windows, load_split
 from eval import methods
-from eval.methods import FIXED, forward_args, method_factor, original_len
+from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, mean_stderr, score_rows
 from runtime import UserError, arg_parser, claim_output, number, output_path, parse_list, pick_device, run_cli, run_home
@@ -50,11 +50,6 @@ def parse_args(argv):
                 factor=a.factor if a.factor in ("max", "grow") else number(a.factor, "factor", float, 1))
 
 
-def seen(method, c, run_len):
-    """Input tokens a method gets at context c: crop is a model that never saw more than its own length."""
-    return min(c, run_len) if method == "crop" else c
-
-
 def factor_at(method, c, C, train_len, factor):
     """The factor a method scales by at context c (None: it has none): under "max" the one the largest context C needs,
     under "grow" c's own (the factor then grows with the context), else the number given. dynamic-ntk's scale follows
@@ -64,11 +59,9 @@ def factor_at(method, c, C, train_len, factor):
     return method_factor(method, c, train_len, {"max": method_factor(method, C, train_len), "grow": None}.get(factor, factor))
 
 
-def score(model, units, c, m, method, train_len, factor=None):
-    """Per-unit mean NLL of the last m targets, each unit's last seen(...) + 1 tokens scored from position 0."""
-    run_len = model.config.block_size
-    kwargs = {} if method == "crop" else forward_args(method, c, train_len, run_len, factor)
-    return score_rows(model, units[:, -(seen(method, c, run_len) + 1):], last=m, **kwargs)[0].mean(axis=1)
+def score(model, units, c, m, how):
+    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a model.Method, from position 0."""
+    return score_rows(model, units[:, -(c + 1):], last=m, method=how)[0].mean(axis=1)
 
 
 def plot(report):
@@ -112,7 +105,7 @@ def table(report):
 def context_sweep(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
-    L, run_len, pos_emb = original_len(ckpt), model.config.block_size, model.config.pos_emb
+    L, run_len, pos_emb = model.config.train_len, model.config.block_size, model.config.pos_emb
     kept = methods.usable(args["methods"], pos_emb)
     m, contexts = args["targets"] or max(1, L // 8), sorted({round(x * L) for x in args["contexts"]})
     if bad := [c for c in contexts if c < m] + ([run_len] if "crop" in kept and run_len < m else []):
@@ -120,7 +113,7 @@ def context_sweep(args):
                          f"(use larger --contexts or fewer --targets)")
     cells = [(c, meth) for c in contexts for meth in kept]
     grid = [(c, meth, why) for (c, meth), why in
-            zip(cells, methods.reasons(model.config, [(meth, seen(meth, c, run_len)) for c, meth in cells]))]
+            zip(cells, methods.reasons(model.config, [(meth, c) for c, meth in cells]))]
     tokens, docs = load_split(data_dir, "val")
     C = contexts[-1]
     try:  # one set of units for every context and method: the comparisons are paired
@@ -131,9 +124,10 @@ def context_sweep(args):
         print(f"the held-out text holds {len(starts)} units of {C + 1} tokens, fewer than --units {args['units']}")
     units, t0, results = np.stack([tokens[s:s + C + 1] for s in starts]).astype(np.int64), time.time(), []
     for c, method, reason in tqdm(grid, desc="context", unit="eval"):
-        t1, n = time.time(), seen(method, c, run_len)
         s = factor_at(method, c, C, L, args["factor"])
-        per_unit = None if reason else score(model, units, c, m, method, L, s)
+        how = forward_args(method, c, L, run_len, s)
+        t1, n = time.time(), min(c, how.crop or c)  # the context a method sees: crop keeps at most run_len
+        per_unit = None if reason else score(model, units, c, m, how)
         loss, stderr = (None, None) if reason else mean_stderr(per_unit)
         results.append(dict(method=method, context=c, multiple=c / L, factor=s, context_range=[n - m + 1, n], loss=loss,
                             ppl=None if reason else math.exp(loss), stderr=stderr, raw=per_unit,

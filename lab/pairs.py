@@ -12,12 +12,12 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import load_split
-from data.synthetic import random_vocab
-from eval.methods import forward_args, method_factor, original_len
-from lab.probes import RETRIEVES, copy_trials
+from data.synthetic import copy_trials, random_vocab
+from eval.methods import forward_args, method_factor
 from eval.report import json_csv, png, pyplot, write_all
 from eval.score import load_run, score_rows
-from lab.stats import LEVEL, holm, interval
+from lab.stats import LEVEL, RETRIEVES, holm, interval
+from model import AS_TRAINED, Method
 from rope import first_negative, yarn_attention_factor
 from runtime import UserError, arg_parser, claim_output, distinct, number, output_path, parse_list, pick_device, run_cli
 
@@ -52,27 +52,27 @@ def variants(n, s, L):
     """{name: rope_scaling} for n frequency pairs at factor s: k fastest / k slowest interpolated (fastest 0 is the
     model as trained, fastest n is PI), and YaRN's temperature alone on unscaled frequencies."""
     def pairs(factors, temperature=1.0):
-        return dict(forward_args("pairs", 0, L, L, factors)["rope_scaling"], attention_factor=temperature)
+        return dict(forward_args("pairs", 0, L, L, factors).rope_scaling, attention_factor=temperature)
     scaled = {f"fastest {k}": pairs([s] * k + [1.0] * (n - k)) for k in range(n + 1)}
     return {**scaled, **{f"slowest {k}": pairs([1.0] * (n - k) + [s] * k) for k in range(1, n)},
             "yarn temperature only": pairs([1.0] * n, yarn_attention_factor(s))}
 
 
 def yarn_variants(s, L, betas):
-    yarn = forward_args("yarn", 0, L, L, s)["rope_scaling"]
+    yarn = forward_args("yarn", 0, L, L, s).rope_scaling
     return {"yarn": yarn, "ntk-by-parts": dict(yarn, attention_factor=1.0),
             **{f"yarn beta {f:g}/{b:g}": dict(yarn, beta_fast=f, beta_slow=b) for f, b in betas}}
 
 
-def copy_hits(model, rows, k, **positions):
+def copy_hits(model, rows, k, method=AS_TRAINED):
     """Per trial, the share of the repeat's tokens 1..k-1 predicted top-1."""
-    return score_rows(model, rows, last=k - 1, **positions)[1].mean(axis=1)
+    return score_rows(model, rows, last=k - 1, method=method)[1].mean(axis=1)
 
 
 def load_runs(paths, device):
     """The models and their common (training length, data folder); runs that differ are a one-line error."""
     loaded = [load_run(p, device) for p in paths]
-    shared = {(original_len(c), str(d), m.config.n_embd // m.config.n_head, m.config.rope_base, m.config.pos_emb)
+    shared = {(m.config.train_len, str(d), m.config.n_embd // m.config.n_head, m.config.rope_base, m.config.pos_emb)
               for m, c, d in loaded}  # "the fastest j pairs" must name the same frequencies in every run
     if len(shared) > 1 or next(iter(shared))[4] != "rope":
         raise UserError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
@@ -103,7 +103,7 @@ def measure(models, trial_sets, L, k, betas):
         T = trials.shape[1] - 1
         s = method_factor("pi", T, L)
         named = {**variants(n, s, L), **yarn_variants(s, L, betas)}
-        hits = {name: np.stack([copy_hits(m, trials, k, rope_scaling=scaling) for m in models])
+        hits = {name: np.stack([copy_hits(m, trials, k, Method(rope_scaling=scaling)) for m in models])
                 for name, scaling in tqdm(named.items(), desc=f"d={d}", leave=False)}
         for name, scaling in named.items():
             c = interval(hits[name])
@@ -122,7 +122,7 @@ def measure(models, trial_sets, L, k, betas):
 def sweep(args):
     claim_output(args["out"], "pairs")
     models, ckpt, folder = load_runs(args["runs"], args["device"])
-    L, k = original_len(ckpt), args["segment"]
+    L, k = models[0].config.train_len, args["segment"]
     tokens, docs = load_split(folder, "val")
     vocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), models[0].config.vocab_size)
     inside = copies_inside(models, tokens, docs, L, args, vocab)

@@ -14,10 +14,11 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import doc_windows, load_split
-from data.synthetic import KEY_DIGITS, copy_rows, mqar_rows, passkey_row, random_vocab
+from data.synthetic import KEY_DIGITS, copy_trials, mqar_rows, passkey_row, random_vocab
 from data.tokenizer import gpt2_tokenizer
-from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args, original_len,
+from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
                           parse_pairs, unavailable, usable)
+from lab.stats import RETRIEVES
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import bin_edges, load_run, mean_stderr, score_rows
 from model import visible
@@ -26,7 +27,6 @@ from runtime import UserError, arg_parser, claim_output, init_wandb, number, out
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
-RETRIEVES = 0.5  # top-1 on copies inside the training length above which a run counts as one that copies
 CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_stderr", "top1", "top1_stderr",
               "exact", "exact_stderr", "trials", "available", "reason")
 
@@ -66,18 +66,16 @@ def parse_args(argv):
 
 
 def positions(method, n, args, run_len):
-    """The method's forward arguments over n tokens (pairs: with the --pair_factors)."""
+    """The method's model.Method over n tokens (pairs: with the --pair_factors)."""
     return forward_args(method, n, args["train_len"], run_len, args["pair_factors"] if method == "pairs" else None)
 
 
 def score_method(model, rows, method, args, tokens_per_batch=16384):
-    """(NLL, top-1 hit) of rows [N, n+1] under a method, or (None, reason); crop: the last L, from position 0."""
+    """(NLL, top-1 hit) of rows [N, n+1] under a method, or (None, reason); crop: of the last L targets only."""
     cfg, n = model.config, rows.shape[1] - 1
     if reason := unavailable(cfg, method, n):
         return None, reason
-    if method == "crop" and n > cfg.block_size:
-        return score_rows(model, rows[:, -(cfg.block_size + 1):], tokens_per_batch), None
-    return score_rows(model, rows, tokens_per_batch, **positions(method, n, args, cfg.block_size)), None
+    return score_rows(model, rows, tokens_per_batch, method=positions(method, n, args, cfg.block_size)), None
 
 
 def entry(probe, method, eval_len, reason=None, **fields):
@@ -89,19 +87,6 @@ def per_method(probe, model, rows, args, methods, measure, **fields):
     for method in methods:
         scored, reason = score_method(model, rows, method, args)
         yield entry(probe, method, rows.shape[1] - 1, reason, **fields, **({} if reason else measure(*scored)))
-
-
-def copy_trials(tokens, docs, L, args, vocab):
-    """(distance d, rows [trials, d + segment + 1]) per --distances multiple of L: the copy probe's trials, the same
-    for every run on the same data and options (its seeds), so a study can pair them."""
-    k, rng = args["segment"], np.random.default_rng(args["seed"])
-    for mult in args["distances"]:
-        d = max(k, round(mult * L))
-        n = d + k  # the first copy starts one token in: position 1 .. k, the second ends the window
-        filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
-        segments = (None if args.get("copy_source", "random") == "random"  # text: the filler's own distribution
-                    else np.stack([tokens[s:s + k] for s in doc_windows(docs, k, len(filler), rng)]))
-        yield d, copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)
 
 
 def per_trial(nll, hits):
@@ -174,7 +159,7 @@ def rotation_probe(model, args):
     for mult in args["lengths"]:
         T = round(mult * L)
         for method in args["methods"]:
-            freq, attention = model.frequencies(T, positions(method, T, args, L).get("rope_scaling"))
+            freq, attention = model.frequencies(T, positions(method, T, args, L).rope_scaling)
             ratio = [f / b if b else None for f, b in zip(freq.double().tolist(), base.tolist())]
             yield entry("rotation", method, T, attention_factor=attention, turns_train=(L * base / (2 * math.pi)).tolist(),
                         turns_eval=(T * freq.double() / (2 * math.pi)).tolist(), ratio=ratio,
@@ -320,7 +305,7 @@ def probes(args):
     L, vocab, pos_emb = model.config.block_size, model.config.vocab_size, model.config.pos_emb
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")
-    args = dict(args, methods=usable(args["methods"], pos_emb), train_len=original_len(ckpt))
+    args = dict(args, methods=usable(args["methods"], pos_emb), train_len=model.config.train_len)
     if "pairs" in args["methods"]:
         check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),

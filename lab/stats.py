@@ -12,6 +12,7 @@ import numpy as np
 from scipy import stats as sps
 
 LEVEL = 0.95
+RETRIEVES = 0.5  # top-1 on copies inside the training length above which a run counts as one that copies
 ALPHA = 1 - LEVEL
 REPLICATES = 10000  # the fewest: a percentile interval at 95% rests on 250 replicates in each tail
 MAX_REPLICATES = 1_000_000  # a family that needs more (m > 2,500) gets a normal-approximation p (interval)

@@ -15,7 +15,7 @@ import train
 from data.dataset import load_split
 from eval import compare, extrapolate
 from eval.score import load_run, score_sliding, score_windows, sliding_windows
-from model import KVCache
+from model import KVCache, Method
 
 ROOT = Path(__file__).resolve().parents[1]
 L = 32  # training length of the tiny runs
@@ -150,7 +150,7 @@ def test_the_json_has_every_field_for_every_entry(report):
         "rope_scaling": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}, "causal_dynamic": True}
     assert by(report, "ntk-by-parts")[4 * L]["positions"]["rope_scaling"]["attention_factor"] == 1.0
     assert by(report, "pi")[4 * L]["positions"] == {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}
-    assert by(report, "crop")[4 * L]["positions"] == {} and by(report, "window")[4 * L]["positions"] == {"window": L}
+    assert by(report, "crop")[4 * L]["positions"] == {"crop": L} and by(report, "window")[4 * L]["positions"] == {"window": L}
     assert by(report, "sinks")[4 * L]["positions"] == {"window": L, "sinks": 4}
     assert by(report, "ntk+logn")[4 * L]["positions"] == {"rope_scaling": {"rope_type": "ntk", "factor": 4.0}, "logn_len": L}
     assert by(report, "none")[L]["positions"] == {} and by(report, "none")[L]["factor"] is None
@@ -282,13 +282,13 @@ def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
     tokens, docs = load_split(data_dir, "val")
     T, start = 3 * L, int(docs[0, 0])
     dynamic = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
-    causal = score_windows(model, tokens, [start], T, rope_scaling=dynamic, causal_dynamic=True)[0]
-    sequence = score_windows(model, tokens, [start], T, rope_scaling=dynamic)[0]
+    causal = score_windows(model, tokens, [start], T, method=Method(rope_scaling=dynamic, causal_dynamic=True))[0]
+    sequence = score_windows(model, tokens, [start], T, method=Method(rope_scaling=dynamic))[0]
     x = torch.tensor(tokens[start:start + T + 1].astype(np.int64))
     cache, reference = KVCache(model.config.n_layer), []
     with torch.no_grad():  # the reference: one token at a time, each step rotates with its own length
         for t in range(T):
-            logits, _ = model(x[None, t:t + 1], cache=cache, rope_scaling=dynamic)
+            logits, _ = model(x[None, t:t + 1], cache=cache, method=Method(rope_scaling=dynamic))
             reference.append(F.cross_entropy(logits[0], x[t + 1:t + 2]).item())
     assert causal == pytest.approx(reference, abs=1e-4)
     assert np.abs(causal[L:] - sequence[L:]).max() > 1e-3

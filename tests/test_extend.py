@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eval.methods import forward_args, self_extend_group, unavailable
-from model import GPT, GPTConfig, KVCache, far_positions, merged_attention
+from model import GPT, GPTConfig, KVCache, Method, far_positions, merged_attention
 from rope import apply_rope, default_inv_freq, rope_cos_sin
 
 
@@ -60,8 +60,8 @@ def test_self_extend_group_is_the_smallest_that_stays_inside_the_trained_distanc
     # (length - 1) // G + W - W // G < L: at 256 tokens, L 64, W 32: G = 8 gives 31 + 28 = 59, G = 7 gives 36 + 28 = 64
     assert self_extend_group(256, 64, 32) == 8
     assert self_extend_group(64, 64, 32) == 1  # inside L nothing is grouped
-    assert forward_args("self-extend", 256, 64, 64) == {"extend": (32, 8)}
-    assert forward_args("rerope", 256, 64, 64) == {"extend": (32, None)}
+    assert forward_args("self-extend", 256, 64, 64) == Method(extend=(32, 8))
+    assert forward_args("rerope", 256, 64, 64) == Method(extend=(32, None))
 
 
 def tiny(**kw):
@@ -78,9 +78,9 @@ def tiny(**kw):
 def test_the_kv_cache_gives_the_full_forward_and_the_method_acts_past_the_window(method):
     model, idx = tiny(), torch.randint(0, 50, (2, 64))
     kw = forward_args(method, 64, 16, 16)
-    full, _ = model(idx, **kw)
+    full, _ = model(idx, method=kw)
     cache = KVCache(model.config.n_layer)
-    steps = [model(idx[:, :16], cache=cache, **kw)[0]] + [model(idx[:, t:t + 1], cache=cache, **kw)[0] for t in range(16, 64)]
+    steps = [model(idx[:, :16], cache=cache, method=kw)[0]] + [model(idx[:, t:t + 1], cache=cache, method=kw)[0] for t in range(16, 64)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)
     plain, _ = model(idx)
     assert torch.allclose(full[:, :8], plain[:, :8], atol=1e-5)  # inside the window: exact positions, as trained

@@ -11,6 +11,8 @@ import torch
 import sample
 from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import FIXED, forward_args
+from dataclasses import replace
+
 from model import GPT, GPTConfig, KVCache, sample_next
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,20 +37,21 @@ def method_kwargs(method):
     return forward_args(method, 4 * L, L, L)
 
 
-CACHED = [m for m in FIXED if m != "crop"]  # crop is no forward argument: sampling truncates (generate_truncated)
+CACHED = [m for m in FIXED if m != "crop"]  # crop has no cache: generation truncates
 
 
 def exact(method):
     """The full forward's reference: exact causal dynamic scaling (sinks, Self-Extend and ReRoPE have no dynamic scale
     to make exact)."""
-    return {} if method in ("sinks", "self-extend", "rerope") else dict(causal_dynamic=True)
+    kw = method_kwargs(method)
+    return kw if method in ("sinks", "self-extend", "rerope") else replace(kw, causal_dynamic=True)
 
 
-def cached(model, idx, prefill, **kw):
+def cached(model, idx, prefill, kw):
     """Logits of idx through the KV cache: the first `prefill` tokens in one forward, then one per forward."""
     cache = KVCache(model.config.n_layer)
-    head, _ = model(idx[:, :prefill], cache=cache, **kw)
-    return torch.cat([head] + [model(idx[:, t:t + 1], cache=cache, **kw)[0] for t in range(prefill, idx.size(1))], dim=1)
+    head, _ = model(idx[:, :prefill], cache=cache, method=kw)
+    return torch.cat([head] + [model(idx[:, t:t + 1], cache=cache, method=kw)[0] for t in range(prefill, idx.size(1))], dim=1)
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +65,9 @@ def test_cached_decoding_equals_the_exact_causal_forward(rope, method):
     # gets the scale for length t + 1, which is the full forward's causal_dynamic mode
     kw = method_kwargs(method)
     idx = torch.randint(0, 97, (2, 4 * L))
-    full, _ = rope(idx, **exact(method), **kw)
+    full, _ = rope(idx, method=exact(method))
     with torch.no_grad():
-        assert torch.allclose(cached(rope, idx, L, **kw), full, atol=1e-4)
+        assert torch.allclose(cached(rope, idx, L, kw), full, atol=1e-4)
         if method != "none":  # the arguments really act past L (else the test would pass vacuously)
             assert not torch.allclose(full[:, L:], rope(idx)[0][:, L:], atol=1e-3)
 
@@ -74,9 +77,9 @@ def test_one_forward_of_a_long_prompt_would_not_be_exact_for_dynamic_ntk(rope):
     # prompt token the prompt's length, and from the second layer on the last token sees that
     kw = method_kwargs("dynamic-ntk")
     idx = torch.randint(0, 97, (2, 3 * L))
-    full, _ = rope(idx, causal_dynamic=True, **kw)
+    full, _ = rope(idx, method=replace(kw, causal_dynamic=True))
     with torch.no_grad():
-        assert not torch.allclose(cached(rope, idx, 3 * L - 1, **kw)[:, -1], full[:, -1], atol=1e-3)
+        assert not torch.allclose(cached(rope, idx, 3 * L - 1, kw)[:, -1], full[:, -1], atol=1e-3)
 
 
 @pytest.mark.parametrize("method", CACHED)
@@ -90,9 +93,9 @@ def test_generate_sees_the_logits_of_the_exact_causal_forward_and_top_k_1_takes_
         return sample_next(logits, temperature, top_k)
     monkeypatch.setattr("model.sample_next", record)
     kw, P = method_kwargs(method), L + L // 2
-    out = rope.generate(torch.randint(0, 97, (2, P)), 2 * L, temperature=2.0, top_k=1, **kw)
+    out = rope.generate(torch.randint(0, 97, (2, P)), 2 * L, temperature=2.0, top_k=1, method=kw)
     with torch.no_grad():
-        full, _ = rope(out, **exact(method), **kw)  # causal: position t depends on tokens <= t only
+        full, _ = rope(out, method=exact(method))  # causal: position t depends on tokens <= t only
     assert torch.allclose(torch.stack(seen, dim=1), full[:, P - 1:-1], atol=1e-4)
     assert torch.equal(out[:, P:], full[:, P - 1:-1].argmax(-1))
 
@@ -107,10 +110,11 @@ def test_top_k_1_is_the_argmax_and_top_k_keeps_the_k_most_likely():
 
 def write_run(folder, origin=None, **kw):
     """A run folder with an untrained tiny checkpoint of a vocabulary gpt2_tokenizer can make (origin: as a
-    fine-tune records where it came from)."""
+    fine-tune records where it came from; its model_args then lack train_len, as a checkpoint older than that field)."""
     model = tiny(vocab_size=512, **kw)
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "model_args": asdict(model.config), "iter_num": 0, "origin": origin,
+    args = {k: v for k, v in asdict(model.config).items() if not (origin and k == "train_len")}
+    torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 0, "origin": origin,
                 "config": {"dataset": str(folder / "no_data_needed")}}, folder / "ckpt.pt")
     return folder
 
@@ -137,8 +141,8 @@ def test_a_fine_tuned_run_samples_with_the_methods_the_evaluation_scores(tmp_pat
     run_dir = write_run(tmp_path / "tuned", origin={"run": "base", "iter": 0, "train_len": L}, block_size=4 * L)
     run_sample(run_dir, "--max_new_tokens", str(8 * L - 1), "--method", "yarn")  # EOT + 127 new = 8 L
     expected = forward_args("yarn", 8 * L, L, 4 * L)
-    assert expected["rope_scaling"] == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L}
-    assert f"method yarn: {expected}" in capsys.readouterr().err
+    assert expected.rope_scaling == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L}
+    assert f"method yarn: {expected.given()}" in capsys.readouterr().err
 
 
 def test_auto_factor_covers_the_whole_sample(tmp_path, capsys):
