@@ -52,8 +52,40 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def arg_parser(doc):
-    return _Parser(description=doc.split("\n\n")[0].strip())
+def command_parser(doc, *shared, out=None, seed=0, wandb_log=None):
+    """An argparse parser whose errors are run_cli's one line, with the options commands share (named in shared), one
+    meaning each in every command: run_dir, a run folder; --out, the folder the results go into (default: out, else
+    the run folder, else required); --device; --seed; --wandb_log true|false (default: wandb_log; None, the run's own)
+    and --no-wandb, its short form. shared_values gives their values."""
+    p = _Parser(description=doc.split("\n\n")[0].strip())
+    if "run_dir" in shared:
+        p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    if "out" in shared:
+        required = out is None and "run_dir" not in shared
+        p.add_argument("--out", default=out, required=required, help="the folder the results are written into"
+                       + ("" if required else f" (default {out or 'RUN_DIR'})"))
+    if "device" in shared:
+        p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
+    if "seed" in shared:
+        p.add_argument("--seed", default=str(seed), help=f"seed of the random choices (default {seed})")
+    if "wandb" in shared:
+        p.add_argument("--wandb_log", default=wandb_log,
+                       help=f"log to wandb: true | false (default {wandb_log or 'as the run'})")
+        p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="--wandb_log false")
+    return p
+
+
+def shared_values(a):
+    """The shared options of a command_parser's parsed namespace a as values: run_dir and out as Paths (out: the run
+    folder if not given), the device picked, the seed an integer >= 0, wandb_log None (the run's own), True or False."""
+    if getattr(a, "out", None) is not None and not a.out.strip():  # "" is the current folder, which nobody means
+        raise UserError("--out is empty; name the folder to write into")
+    if getattr(a, "wandb_log", None) is not None and a.wandb_log.lower() not in ("true", "false"):
+        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
+    values = dict(run_dir=lambda: Path(a.run_dir), out=lambda: run_home(a.run_dir) if a.out is None else Path(a.out),
+                  device=lambda: pick_device(a.device), seed=lambda: number(a.seed, "seed", int, 0),
+                  wandb_log=lambda: None if a.wandb_log is None else a.wandb_log.lower() == "true")
+    return {k: value() for k, value in values.items() if k in a}
 
 
 def parse_list(text, name, convert, allowed=None):
@@ -99,17 +131,6 @@ def json_text(obj, indent=None):
     return json.dumps(finite(obj), indent=indent, allow_nan=False)
 
 
-def output_path(text, name, kind="folder"):
-    """An --out option as a Path, refused when it would write somewhere the user did not mean: empty (the current folder),
-    or for a file or prefix (kind), a folder name such as `.`, `..` or one ending in `/` (hidden `.png` files, or beside)."""
-    if not str(text).strip():
-        raise UserError(f"--{name} is empty; name the {kind}" + (" (e.g. out/compare)" if kind != "folder" else ""))
-    path = Path(text)
-    if kind != "folder" and (str(text).endswith(("/", os.sep)) or path.name in ("", ".", "..") or path.is_dir()):
-        raise UserError(f"--{name} {text!r} is a folder; give a {kind} inside it ({path}/NAME)")
-    return path
-
-
 def distinct(paths, what):
     """paths, refused if one is given twice (the same run, however written): its data would count twice."""
     seen = {}
@@ -140,7 +161,7 @@ def live_pid(lock):
         return pid if pid > 0 and pid != os.getpid() else None
 
 
-_CLAIMED = []  # (lock, folder made for it) of claim_output, released by run_cli, write_all or at exit
+_CLAIMED = []  # (lock, folders made for it) of claim_output, released by run_cli, write_all or at exit
 
 
 def claim_output(folder, name):
@@ -150,7 +171,7 @@ def claim_output(folder, name):
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"output folder {folder} is a file: choose another --out")
-    made = not folder.exists()
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     lock = folder / f".{name}.lock"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -164,12 +185,12 @@ def claim_output(folder, name):
         raise UserError(f"{folder} is in use by another command ({lock}); wait for it, or give another --out") from None
     except OSError as e:  # read-only, or under a file: found now, not after the whole computation
         raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another --out") from None
-    _CLAIMED.append((lock, folder if made else None))
+    _CLAIMED.append((lock, made))
     return folder
 
 
 def release_outputs(folder=None):
-    """Remove this process's output locks (in folder, or all), and a folder claimed for outputs that never came."""
+    """Remove this process's output locks (in folder, or all), and the folders made for outputs that never came."""
     for item in [c for c in _CLAIMED if folder is None or c[0].parent == Path(folder)]:
         _CLAIMED.remove(item)
         lock, made = item
@@ -177,8 +198,8 @@ def release_outputs(folder=None):
             if lock.read_text() == str(os.getpid()):
                 lock.unlink()
         with suppress(OSError):
-            if made:
-                made.rmdir()  # only if empty
+            for f in made:
+                f.rmdir()  # only if empty
 
 
 atexit.register(release_outputs)

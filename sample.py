@@ -9,15 +9,14 @@ import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import FIXED, forward_args, unavailable
-from runtime import UserError, arg_parser, autocast, load_checkpoint, model_from_checkpoint, number, pick_device, run_cli
+from runtime import UserError, autocast, command_parser, load_checkpoint, model_from_checkpoint, number, run_cli, shared_values
 
 
 SEPARATOR = "\n---------------\n"
 
 
 def parse_args(argv):
-    p = arg_parser(__doc__)
-    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    p = command_parser(__doc__, "run_dir", "device", "seed", seed=1337)
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help=f"text to continue (default: {EOT}, a new document)")
     prompt.add_argument("--prompt_file", default=None, help="read the prompt from this file")
@@ -25,14 +24,13 @@ def parse_args(argv):
     p.add_argument("--factor", default="auto", help="auto ((prompt + new tokens) / training length) or >= 1; "
                    "dynamic-ntk: transformers' extra multiplier a (auto: 1, plain dynamic NTK)")
     for name, default, text in (("max_new_tokens", 500, "tokens to generate"), ("num_samples", 1, "samples"),
-                                ("top_k", 200, "keep the k most likely tokens (0: all)"), ("seed", 1337, "random seed")):
+                                ("top_k", 200, "keep the k most likely tokens (0: all)")):
         p.add_argument(f"--{name}", type=int, default=default, help=f"{text} (default {default})")
     p.add_argument("--temperature", type=float, default=0.8, help="> 0; --top_k 1 samples greedily")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     a = p.parse_args(argv)
     if a.method not in FIXED:
         raise UserError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
-    for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("seed", 0)):
+    for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0)):
         number(getattr(a, name), name, int, low)
     if a.temperature == math.inf:  # every token equally likely: noise, not the model
         raise UserError("--temperature inf samples uniformly at random; use a finite number > 0")
@@ -48,7 +46,7 @@ def parse_args(argv):
         raise UserError(f"--factor {a.factor} is not a finite number; use auto or a number >= 1")
     if a.prompt == "":
         raise UserError(f"--prompt is empty; leave it out to start a new document ({EOT})")
-    return dict(vars(a), factor=factor, device=pick_device(a.device))
+    return dict(vars(a), factor=factor, **shared_values(a))
 
 
 def streamer(enc, live):

@@ -1,12 +1,13 @@
 """Compare runs evaluated by eval/extrapolate.py, one figure and one markdown table across runs:
-`python eval/compare.py RUN_DIR... [--out out/compare] [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]`."""
+`python eval/compare.py RUN_DIR... [--out out/compare] [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]`
+writes compare.md and compare.png into --out."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
-from runtime import UserError, arg_parser, claim_output, distinct, output_path, run_cli, run_labels
+from runtime import UserError, claim_output, command_parser, distinct, run_cli, run_labels, shared_values
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
@@ -52,25 +53,28 @@ def compare(run_dirs, out, metric, protocol):
     for name, value, allowed in (("metric", metric, METRICS), ("protocol", protocol, PROTOCOLS)):
         if value not in allowed:
             raise UserError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
-    out = output_path(out, "out", "prefix")
-    claim_output(out.parent, f"compare_{out.name}")
+    claim_output(out, "compare")
     reports = [load_report(d, protocol) for d in distinct(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
     for rep, name in zip(reports, run_labels(run_dirs, [rep["run"] for rep in reports])):
         rep["run"] = name  # two runs named alike would share a row
     if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"])]:
         raise UserError(f"{lacking[0]}/extrapolation.json has no {metric} in its results; re-run eval/extrapolate.py {lacking[0]}")
     table = markdown(reports, metric, protocol)
-    write_all(out.parent, {f"{out.name}.png": plot(reports, metric, protocol), f"{out.name}.md": table})
-    print(table + f"-> {out}.md, {out}.png")
+    write_all(out, {"compare.png": plot(reports, metric, protocol), "compare.md": table})
+    print(table + f"-> {out}/compare.{{md,png}}")
+
+
+def parse_args(argv):
+    p = command_parser(__doc__, "out", out="out/compare")
+    p.add_argument("run_dirs", nargs="+", help="run folders holding extrapolation.json")
+    p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
+    p.add_argument("--protocol", default="windows", help=f"{' | '.join(PROTOCOLS)} (default windows)")
+    a = p.parse_args(argv)
+    return dict(vars(a), **shared_values(a))
 
 
 def main(argv):
-    p = arg_parser(__doc__)
-    p.add_argument("run_dirs", nargs="+", help="run folders holding extrapolation.json")
-    p.add_argument("--out", default="out/compare", help="output prefix (default out/compare)")
-    p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
-    p.add_argument("--protocol", default="windows", help=f"{' | '.join(PROTOCOLS)} (default windows)")
-    run_cli("compare.py", lambda: compare(**vars(p.parse_args(argv))))
+    run_cli("compare.py", lambda: compare(**parse_args(argv)))
 
 
 if __name__ == "__main__":

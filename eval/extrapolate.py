@@ -16,7 +16,7 @@ from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, w
 from eval import methods
 from eval.methods import FIXED, METHODS, forward_args, method_factor
 from eval.score import bin_edges, load_run, mean_stderr, score_sliding, score_windows, sliding_windows
-from runtime import UserError, arg_parser, claim_output, init_wandb, number, output_path, parse_list, pick_device, run_cli, run_home
+from runtime import UserError, claim_output, command_parser, init_wandb, number, parse_list, run_cli, shared_values
 
 PROTOCOLS = ("windows", "sliding")
 DYNAMIC_MODES = ("sequence", "causal")
@@ -31,8 +31,7 @@ PER_UNIT = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_in
 
 
 def parse_args(argv):
-    p = arg_parser(__doc__)
-    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb")
     for name, default, text in (
             ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(FIXED), "eval/methods.py's"),
             ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
@@ -46,15 +45,10 @@ def parse_args(argv):
             ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
-            ("plot", "auto", f"methods drawn in extrapolation.png (auto: the first {PLOTTED_N} evaluated of {','.join(PLOTTED)})"),
-            ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+            ("plot", "auto", f"methods drawn in extrapolation.png (auto: the first {PLOTTED_N} evaluated of {','.join(PLOTTED)})")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
-    p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
-    p.add_argument("--wandb_log", default=None, help="true | false (default: the run's own wandb_log)")
-    p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="same as --wandb_log false")
     a = p.parse_args(argv)
-    args = dict(run_dir=Path(a.run_dir), out=run_home(a.run_dir) if a.out is None else output_path(a.out, "out"), device=pick_device(a.device),
-                options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
+    args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
                 **{k: parse_list(getattr(a, k), k, str, allowed) for k, allowed in
                    (("methods", METHODS), ("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
                 lengths=parse_list(a.lengths, "lengths", float))
@@ -65,17 +59,14 @@ def parse_args(argv):
                          "use --protocols windows,sliding")
     if a.bins not in BINS:
         raise UserError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
-    if a.wandb_log is not None and a.wandb_log.lower() not in ("true", "false"):
-        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
     return dict(args, bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
                 tokens=number(a.tokens, "tokens", int, 1), min_units=number(a.min_units, "min_units", int, 2),
                 factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
-                dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1), seed=number(a.seed, "seed", int, 0),
+                dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1),
                 helped_threshold=number(a.helped_threshold, "helped_threshold", float, 0),
                 crop_stride=None if a.crop_stride == "auto" else number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
-                plot=None if a.plot == "auto" else parse_list(a.plot, "plot", str, METHODS),
-                wandb_log=None if a.wandb_log is None else a.wandb_log.lower() == "true")
+                plot=None if a.plot == "auto" else parse_list(a.plot, "plot", str, METHODS))
 
 
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from eval.report import png, pyplot, write_all
 from rope import bound_curve, first_negative, trained_freq
-from runtime import UserError, arg_parser, claim_output, json_text, number, parse_list, run_cli
+from runtime import UserError, claim_output, command_parser, json_text, number, parse_list, run_cli, shared_values
 
 
 def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
@@ -32,11 +32,10 @@ def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
 
 
 def parse_args(argv):
-    p = arg_parser(__doc__)
+    p = command_parser(__doc__, "out", out=".")
     p.add_argument("--head_dim", default="128", help="dimension per attention head (n_embd / n_head)")
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768", help="context lengths")
     p.add_argument("--bases", default=None, help="bases to check and plot, e.g. 500,1e4,1e5,1e6")
-    p.add_argument("--out", default=".", help="folder for base_bound.{json,png} (with --bases)")
     p.add_argument("--copy", nargs="+", default=[], metavar="STUDY", help="a study folder per base (its copy probe)")
     a = p.parse_args(argv)
     if (head_dim := number(a.head_dim, "head_dim", int, 2)) % 2:
@@ -46,7 +45,7 @@ def parse_args(argv):
         raise UserError(f"--lengths must be >= 1 and --bases > 1, got {a.lengths} and {a.bases}")
     if a.copy and len(a.copy) != len(bases):
         raise UserError(f"--copy needs one study folder per base: {len(bases)} bases, got {len(a.copy)} folders")
-    return dict(head_dim=head_dim, lengths=lengths, bases=bases, out=Path(a.out), copy=[Path(c) for c in a.copy])
+    return dict(shared_values(a), head_dim=head_dim, lengths=lengths, bases=bases, copy=[Path(c) for c in a.copy])
 
 
 def draw_bound(ax, head_dim, base, max_len, first, color, label, scale=1.0):

@@ -21,31 +21,27 @@ from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import load_run, mean_stderr, score_rows
-from runtime import UserError, arg_parser, claim_output, number, output_path, parse_list, pick_device, run_cli, run_home
+from runtime import UserError, claim_output, command_parser, number, parse_list, run_cli, shared_values
 
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
 
 
 def parse_args(argv):
-    p = arg_parser(__doc__)
-    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    p = command_parser(__doc__, "run_dir", "out", "device", "seed")
     for name, default, text in (
             ("contexts", "0.25,0.5,1,2,4,8,16", "context lengths, multiples of the training length"),
             ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"), ("units", "32", "held-out windows"),
             ("targets", "auto", "targets per window: auto (training length // 8) or a number"),
             ("factor", "max", "the methods' factor at every context: max (the largest context's), grow (each "
-                              "context's own, so the factor grows with the context) or one number >= 1"),
-            ("seed", "0", "seed of the window choice"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+                              "context's own, so the factor grows with the context) or one number >= 1")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
-    p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
     a = p.parse_args(argv)
     contexts = parse_list(a.contexts, "contexts", float)
     if not all(0 < x < math.inf for x in contexts):  # also nan
         raise UserError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
-    return dict(run_dir=Path(a.run_dir), out=run_home(a.run_dir) if a.out is None else output_path(a.out, "out"), device=pick_device(a.device), contexts=contexts,
-                options=[x for x in argv if x != a.run_dir], methods=parse_list(a.methods, "methods", str, FIXED),
-                units=number(a.units, "units", int, 1), seed=number(a.seed, "seed", int, 0),
+    return dict(shared_values(a), contexts=contexts, options=[x for x in argv if x != a.run_dir],
+                methods=parse_list(a.methods, "methods", str, FIXED), units=number(a.units, "units", int, 1),
                 targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1),
                 factor=a.factor if a.factor in ("max", "grow") else number(a.factor, "factor", float, 1))
 

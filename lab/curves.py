@@ -1,5 +1,6 @@
 """Training curves of runs from the log.jsonl train.py appends at every evaluation: the validation loss and, for runs
-trained with retrieval_mix, the copy top-1 inside the training length: `python lab/curves.py RUN_DIR... [--out curves.png]`."""
+trained with retrieval_mix, the copy top-1 inside the training length: `python lab/curves.py RUN_DIR... [--out out/curves]`
+writes curves.png into --out."""
 import json
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import png, pyplot, write_all
-from runtime import UserError, arg_parser, claim_output, distinct, output_path, run_cli, run_labels
+from runtime import UserError, claim_output, command_parser, distinct, run_cli, run_labels, shared_values
 
 YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
 
@@ -33,12 +34,9 @@ def entry(path, lineno, line):
     return e
 
 
-def curves(args):
-    out = output_path(args.out, "out", "file")
-    if out.suffix != ".png":  # the figure is PNG whatever the name says
-        raise UserError(f"--out {args.out}: curves.py writes a PNG figure; give a name ending in .png")
-    claim_output(out.parent, f"curves_{out.name}")
-    runs = distinct(args.runs, "run")
+def curves(runs, out):
+    claim_output(out, "curves")
+    runs = distinct(runs, "run")
     logs = dict(zip(run_labels(runs, [Path(r).resolve().name for r in runs]), map(read_log, runs)))
     metrics = [m for m in YLABELS if m == "val" or any(m in e for log in logs.values() for e in log)]
     fig, axes = pyplot().subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
@@ -48,13 +46,21 @@ def curves(args):
                 ax.plot(*zip(*points), marker=".", label=name)
         ax.set(xlabel="iteration", ylabel=YLABELS[metric])
         ax.legend(fontsize=8)
-    write_all(out.parent, {out.name: png(fig)})
+    write_all(out, {"curves.png": png(fig)})
     print(*(f"{name}: iter {log[-1]['iter']}, " + ", ".join(f"{m} {log[-1][m]:.4f}" for m in metrics if m in log[-1])
-            for name, log in logs.items()), f"-> {args.out}", sep="\n")
+            for name, log in logs.items()), f"-> {out}/curves.png", sep="\n")
+
+
+def parse_args(argv):
+    p = command_parser(__doc__, "out", out="out/curves")
+    p.add_argument("runs", nargs="+", help="run folders holding log.jsonl")
+    a = p.parse_args(argv)
+    return dict(vars(a), **shared_values(a))
+
+
+def main(argv):
+    run_cli("curves.py", lambda: curves(**parse_args(argv)))
 
 
 if __name__ == "__main__":
-    p = arg_parser(__doc__)
-    p.add_argument("runs", nargs="+", help="run folders holding log.jsonl")
-    p.add_argument("--out", default="curves.png")
-    run_cli("curves.py", lambda: curves(p.parse_args()))
+    main(sys.argv[1:])

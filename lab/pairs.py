@@ -19,22 +19,20 @@ from eval.score import load_run, score_rows
 from lab.stats import LEVEL, RETRIEVES, holm, interval
 from model import AS_TRAINED, Method
 from rope import first_negative, yarn_attention_factor
-from runtime import UserError, arg_parser, claim_output, distinct, number, output_path, parse_list, pick_device, run_cli
+from runtime import UserError, claim_output, command_parser, distinct, number, parse_list, run_cli, shared_values
 
 CSV_FIELDS = ("variant", "distance", "factor", "top1", "lo", "hi", "bound_negative_at")
 
 
 def parse_args(argv):
-    p = arg_parser(__doc__)
+    p = command_parser(__doc__, "out", "device", "seed")
     p.add_argument("runs", nargs="+", help="run folders of one copier (e.g. its seeds), trained at one length")
     for name, default, text in (
             ("distances", "2,4,16", "copy distances, multiples of the training length"),
             ("trials", "100", "copy trials per distance (the same for every run)"),
-            ("segment", "16", "tokens in the copied segment"), ("seed", "0", "seed of the trials"),
-            ("betas", "4/1,8/1,16/1,64/1,32/0.25,32/0.5,32/2,32/4", "YaRN's beta_fast/beta_slow pairs beside its 32/1"),
-            ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+            ("segment", "16", "tokens in the copied segment"),
+            ("betas", "4/1,8/1,16/1,64/1,32/0.25,32/0.5,32/2,32/4", "YaRN's beta_fast/beta_slow pairs beside its 32/1")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
-    p.add_argument("--out", required=True, help="folder for pairs.{json,csv,md,png}")
     a = p.parse_args(argv)
     betas = [tuple(number(x, "betas", float, 0) for x in b.split("/")) for b in a.betas.split(",")]
     if any(len(b) != 2 or min(b) <= 0 or b[0] <= b[1] for b in betas):
@@ -42,10 +40,9 @@ def parse_args(argv):
     distances = parse_list(a.distances, "distances", float)
     if min(distances) <= 1:
         raise UserError(f"--distances {a.distances}: multiples of the training length above 1 (inside it no pair is scaled)")
-    return dict(runs=[Path(r) for r in distinct(a.runs, "run")], out=output_path(a.out, "out"), device=pick_device(a.device), distances=distances,
-                trials=number(a.trials, "trials", int, 2), segment=number(a.segment, "segment", int, 2),
-                seed=number(a.seed, "seed", int, 0), betas=betas, copy_source="random",
-                command=" ".join(["python lab/pairs.py", *argv]))
+    return dict(shared_values(a), runs=[Path(r) for r in distinct(a.runs, "run")], distances=distances,
+                trials=number(a.trials, "trials", int, 2), segment=number(a.segment, "segment", int, 2), betas=betas,
+                copy_source="random", command=" ".join(["python lab/pairs.py", *argv]))
 
 
 def variants(n, s, L):

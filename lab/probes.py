@@ -23,7 +23,7 @@ from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import bin_edges, load_run, mean_stderr, score_rows
 from model import visible
 from rope import first_negative
-from runtime import UserError, arg_parser, claim_output, init_wandb, number, output_path, parse_list, pick_device, run_cli, run_home
+from runtime import UserError, claim_output, command_parser, init_wandb, number, parse_list, run_cli, shared_values
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
@@ -32,8 +32,7 @@ CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_
 
 
 def parse_args(argv):
-    p = arg_parser(__doc__)
-    p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/retrieval_small)")
+    p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb")
     for name, default, text in (
             ("probes", "copy,passkey,rotation,entropy", f"which probes: {', '.join(PROBES)}"), ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"),
             ("distances", "0.25,0.5,0.875,2,4,8,16", "copy distances, multiples of the training length (a fine-tune: its origin's)"),
@@ -42,18 +41,14 @@ def parse_args(argv):
             ("trials", "20", "trials per copy distance and passkey cell"),
             ("segment", "32", "tokens in the copied segment (mqar: segment // 2 key-value pairs)"),
             ("copy_source", "random", "the copied segment: random ids, or text (a stretch of held-out text)"),
-            PAIRS_OPTION,
-            ("seed", "0", "seed of the trials"), ("device", "auto", "auto | cpu | cuda | cuda:N | mps")):
+            PAIRS_OPTION):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
-    p.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
-    p.add_argument("--no-wandb", dest="wandb", action="store_false", help="do not log to wandb (default: as the run)")
     a = p.parse_args(argv)
-    args = dict(run_dir=Path(a.run_dir), out=run_home(a.run_dir) if a.out is None else output_path(a.out, "out"), device=pick_device(a.device),
-                options=[x for x in argv if x != a.run_dir], wandb=a.wandb,
+    args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],
                 probes=parse_list(a.probes, "probes", str, PROBES), methods=parse_list(a.methods, "methods", str, METHODS),
                 distances=parse_list(a.distances, "distances", float), lengths=parse_list(a.lengths, "lengths", float),
                 depths=parse_list(a.depths, "depths", float), trials=number(a.trials, "trials", int, 2),
-                segment=number(a.segment, "segment", int, 2), seed=number(a.seed, "seed", int, 0),
+                segment=number(a.segment, "segment", int, 2),
                 pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
     if a.copy_source not in ("random", "text"):
         raise UserError(f"--copy_source {a.copy_source!r} is not one of: random, text")
@@ -336,7 +331,7 @@ def probes(args):
     write_all(out, {**figures, **json_csv("probes", report, rows, CSV_FIELDS)})
     print(f"{summary(report)}\n{len(results)} probe entries in {report['seconds']:.0f}s ("
           + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, " + ", ".join(figures))
-    if args["wandb"] and ckpt["config"].get("wandb_log", False):
+    if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:
         log_wandb(report, ckpt, [out / name for name in figures])
     return report
 

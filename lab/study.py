@@ -12,12 +12,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.extrapolate import parse_args as eval_options
-from lab.probes import parse_args as probe_options
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from eval.methods import METHODS
 from lab.stats import LEVEL, both, blocks, documents, interval, ratio_interval, replicates, seed_test
-from runtime import ROOT, UserError, arg_parser, claim_output, init_wandb, json_text, load_checkpoint, number, run_cli
+from runtime import ROOT, UserError, claim_output, command_parser, init_wandb, json_text, load_checkpoint, number, run_cli, shared_values
 from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
@@ -514,25 +512,22 @@ def same_names(configs):
 
 def parse_args(argv):
     argv = attached(argv, ("train_args", "eval_args", "probe_args"))
-    p = arg_parser(__doc__)
+    p = command_parser(__doc__, "out", "wandb", out="out/study", wandb_log="true")
     p.add_argument("configs", nargs="+", help="config files (configs/*.py, lab/configs/*.py)")
     for name, default, text in (
-            ("seeds", "3", "seeds per config"), ("out", "out/study", "the study's folder"),
+            ("seeds", "3", "seeds per config"),
             ("train_args", "", "options for every train.py run ({seed}: the seed)"),
-            ("eval_args", "", "options for every eval/extrapolate.py run"),
+            ("eval_args", "", "options for every eval/extrapolate.py run (it checks them, on the first run)"),
             ("probe_args", None, "options for lab/probes.py ('' for its defaults; not given: no probes)"),
             ("control", None, "one of the configs: every other config's methods against its crop past L (a matched control)"),
             ("ceiling", None, "another config, the ceiling: the share of its gain over the control's crop each control method recovers"),
             ("contrasts", "", "more declared method contrasts, a-b[,c-d]: method a minus method b (e.g. llama3-yarn)"),
             ("margin", str(MARGIN), "equivalence margin of a loss contrast (nats)"),
-            ("rate_margin", str(RATE_MARGIN), "equivalence margin of a probe-rate contrast (top-1)"),
-            ("wandb_log", "true", "true | false")):
+            ("rate_margin", str(RATE_MARGIN), "equivalence margin of a probe-rate contrast (top-1)")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
-    if a.wandb_log.lower() not in ("true", "false"):
-        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
-    args = dict(configs=a.configs, seeds=number(a.seeds, "seeds", int, 1), out=Path(a.out), train_args=shlex.split(a.train_args),
-                eval_args=shlex.split(a.eval_args), wandb_log=a.wandb_log.lower() == "true",
+    args = dict(shared_values(a), configs=a.configs, seeds=number(a.seeds, "seeds", int, 1),
+                train_args=shlex.split(a.train_args), eval_args=shlex.split(a.eval_args),
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
                 control=a.control and Path(a.control).stem, ceiling=a.ceiling and Path(a.ceiling).stem, contrasts=parse_contrasts(a.contrasts),
                 margin=number(a.margin, "margin", float, 0), rate_margin=number(a.rate_margin, "rate_margin", float, 0))
@@ -548,12 +543,6 @@ def parse_args(argv):
         raise UserError(f"--control {a.control!r} is not one of the study's configs ({', '.join(a.configs)})")
     for config in a.configs:  # train.py's own checks, as each run will get them
         load_config([config, *(t.replace("{seed}", "0") for t in args["train_args"])])
-    for name, check in (("eval_args", eval_options), ("probe_args", probe_options)):
-        try:
-            if args[name] is not None:
-                check(["RUN_DIR", *args[name]])  # a placeholder run: only the options are checked
-        except UserError as e:
-            raise UserError(f"--{name}: {e}") from None
     given = dict(vars(a), configs=None, out=from_root(a.out))  # the options that differ from their defaults
     args["command"] = shlex.join(["python", "lab/study.py", *map(from_root, a.configs),
                                   *(f"--{k}={v}" for k, v in given.items() if v != p.get_default(k))])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import train
-from runtime import UserError, arg_parser, run_cli
+from runtime import UserError, command_parser, run_cli
 from test_train import args, run_main, weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ def test_a_user_error_is_one_line_and_a_bug_keeps_its_traceback():
     with pytest.raises(SystemExit, match="^x.py: error: --lengths must be positive, got -1$"):
         run_cli("x.py", bad_input)
     with pytest.raises(SystemExit, match="^x.py: error: unrecognized arguments: --nope$"):
-        run_cli("x.py", lambda: arg_parser("doc").parse_args(["--nope"]))
+        run_cli("x.py", lambda: command_parser("doc").parse_args(["--nope"]))
     with pytest.raises(ValueError, match="broadcast"):  # numpy's shape error is a bug: not turned into one line
         run_cli("x.py", lambda: np.ones(3) + np.ones(4))
 

