@@ -199,3 +199,29 @@ def test_the_factor_stays_fixed_while_the_context_grows(rope_run, report, tmp_pa
     assert {r["factor"] for r in fixed["results"]} == {2.0} and fixed["factor"] == 2.0
     assert by(fixed, "pi")[2 * L]["per_unit"] == by(grown, "pi")[2 * L]["per_unit"]
     assert "--factor must be >= 1" in error_of([str(rope_run), "--out", str(tmp_path), "--factor", "0.5"])
+
+
+def test_several_runs_averaged_on_the_same_targets(rope_run, learned_run, tmp_path, tmp_path_factory):
+    # two seeds of one config (copies of the run under seed names, one with its weights changed) and their means
+    seeds = [edited(rope_run, tmp_path / f"rope_seed{k}", lambda sd, k=k: sd["lm_head.weight"].mul_(1 + k))
+             for k in (0, 1)]
+    argv = ["--units", "4", "--contexts", "0.5,1,2", "--methods", "none,crop"]
+    context.main([*map(str, seeds), "--out", str(tmp_path / "mean"), *argv])
+    each = [json.loads((s / "context.json").read_text()) for s in seeds]  # each run's sweep in its own folder
+    avg = json.loads((tmp_path / "mean" / "context_mean.json").read_text())["means"]
+    assert list(avg) == ["rope"]  # the seeds of one config: one row per method
+    for method in ("none", "crop"):
+        for c in (16, 32, 64):
+            losses = [by(rep, method)[c]["loss"] for rep in each]
+            mean, se, n = avg["rope"][method][str(c)]
+            assert n == 2 and losses[0] != losses[1]  # the weights differ, so the mean is not one run's loss
+            assert mean == pytest.approx(sum(losses) / 2) and se == pytest.approx(abs(losses[0] - losses[1]) / 2)
+    md = (tmp_path / "mean" / "context_mean.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| rope | none | 2 |"))
+    drop = avg["rope"]["none"]["32"][0] - avg["rope"]["none"]["16"][0]
+    assert row.split(" | ")[-1].startswith(f"{drop:+.3f}")  # the change per doubling, 16 -> 32 first
+    assert "several runs need --out" in error_of([*map(str, seeds), *argv])
+    # runs that scored other targets (another training length gives units of another length) are refused
+    other = dict(each[1], run="rope_L16_seed0", starts=[s + 1 for s in each[1]["starts"]])
+    with pytest.raises(context.UserError, match="run rope_L16_seed0 scored other targets than rope"):
+        context.means([each[0], other])
