@@ -118,11 +118,18 @@ def mqar_probe(model, tokens, docs, args, vocab):
                               measure, distance=d)
 
 
-def retrieval_check(copies, train_len):
-    """Does the run copy inside its training length (method none, distances whose window fits in it)?"""
+def retrieval_check(copies, train_len, text=False):
+    """Does the run copy inside its training length (method none, distances whose window fits in it)? Not judged for a
+    text segment (retrieves None): text is predictable without its first copy, so top-1 alone cannot tell copying."""
     inside = [r["top1"] for r in copies if r["method"] == "none" and r["available"] and r["eval_len"] <= train_len]
     top1 = float(np.mean(inside)) if inside else None
-    return dict(inside_top1=top1, retrieves=top1 is not None and top1 >= RETRIEVES, threshold=RETRIEVES)
+    return dict(inside_top1=top1, retrieves=None if text else top1 is not None and top1 >= RETRIEVES, threshold=RETRIEVES)
+
+
+def copy_verdict(c):
+    return ("copies inside its training length" if c["retrieves"] else "not checked inside its training length"
+            if c["inside_top1"] is None else "not judged: a text segment is predictable without its first copy"
+            if c["retrieves"] is None else "does NOT copy inside its training length: no method comparison")
 
 
 def passkey_probe(model, tokens, docs, args, encode):
@@ -229,9 +236,7 @@ def plot_copy(report, probe="copy"):
                      f"after held-out text; bars: one standard error over trials", fontsize=10)
         return png(fig)
     c = report["retrieval"]
-    verdict = ("copies inside its training length" if c["retrieves"] else "not checked inside its training length"
-               if c["inside_top1"] is None else "does NOT copy inside its training length: no method comparison")
-    fig.suptitle(f"copy probe, {report['run']} (trained at {L}): {verdict} (top-1 {fmt(c['inside_top1'])}); "
+    fig.suptitle(f"copy probe, {report['run']} (trained at {L}): {copy_verdict(c)} (top-1 {fmt(c['inside_top1'])}); "
                  f"bars: one standard error over trials", fontsize=10)
     return png(fig)
 
@@ -321,7 +326,7 @@ def probes(args):
                   context_len=L, pos_emb=pos_emb,
                   checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=args["methods"], trials=args["trials"],
                   segment=args["segment"], copy_source=args["copy_source"], random_vocab=rvocab,
-                  retrieval=retrieval_check(copies, args["train_len"]) if copies else None,
+                  retrieval=retrieval_check(copies, args["train_len"], args["copy_source"] == "text") if copies else None,
                   seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)
     out, draw = args["out"], dict(copy=plot_copy, mqar=lambda r: plot_copy(r, "mqar"), passkey=plot_passkey)
     # every figure drawn before any file is written
@@ -338,9 +343,7 @@ def probes(args):
 
 def summary(report):
     c = report["retrieval"]
-    lines = [f"copy inside the training length (none): top-1 {fmt(c['inside_top1'], 3)} -> " + (
-        "the run copies" if c["retrieves"] else "not checked: no copy distance fits in it (try --distances 0.5)"
-        if c["inside_top1"] is None else "the run does NOT copy: the probes compare nothing")] if c else []
+    lines = [f"copy inside the training length (none): top-1 {fmt(c['inside_top1'], 3)} -> {copy_verdict(c)}"] if c else []
     for probe, key, col, by in (("copy", "top1", "distance", "distance"), ("mqar", "top1", "distance", "distance"),
                                 ("passkey", "exact", "eval_len", "length (mean over depths)")):
         if rs := [r for r in report["results"] if r["probe"] == probe]:

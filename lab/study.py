@@ -122,7 +122,8 @@ def aggregate_probes(reports):
     seeds x trials (passkey: depths x trials); an entry without per-trial hits counts as one unit, its mean."""
     rows, units = {}, {}
     for config, seeds in reports.items():
-        copies = sum(bool(rep["retrieval"] and rep["retrieval"]["retrieves"]) for rep in seeds)
+        judged = [rep["retrieval"]["retrieves"] for rep in seeds if rep["retrieval"]]
+        copies = "text: not judged" if None in judged else sum(judged)  # copy_source text: no threshold tells copying
         for rep in seeds:
             per = {}
             for r in (r for r in rep["results"] if r["probe"] in ("copy", "mqar", "passkey") and r["available"]):
@@ -428,8 +429,10 @@ def markdown(rows, seeds, probe_rows=(), declared=None, widths=None, shares=None
                               ("passkey", "passkey: exact match, by length", "trials (depths x trials)")):
         if rs := [r for r in probe_rows if r["probe"] == probe]:
             tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],
-                                  key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}/{seeds} copy)", r["method"]),
-                                  note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing"))
+                                  key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}" + ("" if isinstance(r["seeds_that_copy"], str)
+                                                                                else f"/{seeds} copy") + ")", r["method"]),
+                                  note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing; (text: not "
+                                       "judged): held-out text is predictable without its first copy, the baseline is crop past L"))
     if declared and declared["rows"]:
         tables.append(declared_section(declared, L))
     if shares:

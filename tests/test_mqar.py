@@ -166,6 +166,9 @@ def test_an_mqar_run_logs_its_accuracy_and_the_probe_writes_its_figure_and_rows(
                                              "--segment", "4", "--distances", "0.5,2", "--methods", "none,crop",
                                              "--copy_source", "text", "--no-wandb"]))
     assert (out / "probe_mqar.png").is_file() and (out / "probe_copy.png").is_file() and report["copy_source"] == "text"
+    # text is predictable without its first copy: no top-1 threshold judges copying, so the run is not called a copier
+    assert report["retrieval"]["retrieves"] is None and report["retrieval"]["inside_top1"] is not None
+    assert "not judged" in probes.copy_verdict(report["retrieval"])
     rows = [r for r in csv.DictReader((out / "probes.csv").open()) if r["probe"] == "mqar"]
     assert {(r["method"], r["distance"]) for r in rows} == {(m, d) for m in ("none", "crop") for d in ("16", "64")}
 

@@ -280,3 +280,4 @@ def test_entropy_and_the_copy_check_count_inside_from_the_original_training_leng
     assert entry["eval_len"] == 64 and entry["entropy_beyond_train"] == pytest.approx(np.mean(entry["entropy"][16:]), abs=1e-4)
     copies = [dict(method="none", available=True, eval_len=n, top1=t) for n, t in ((16, 0.9), (64, 0.1))]
     assert probes.retrieval_check(copies, 16)["inside_top1"] == 0.9
+    assert probes.retrieval_check(copies, 16)["retrieves"] and probes.retrieval_check(copies, 16, text=True)["retrieves"] is None
