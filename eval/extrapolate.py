@@ -82,9 +82,9 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
     """NLL [units, n] of every target of every unit, in order, under a model.Method."""
     if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
-        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, n))[0] for s in starts])
+        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, n)) for s in starts])
     if protocol == "sliding":
-        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method)[0] for s in starts])
+        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method) for s in starts])
     return score_windows(model, tokens, starts, n, method=method)
 
 

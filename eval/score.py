@@ -61,13 +61,12 @@ def sliding_windows(n, length, stride):
 
 
 def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
-    """(NLL [n], position in its window) of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
+    """NLL [n] of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
     plan = sliding_windows(n, length, stride)  # the first window scores all its targets, the others their last <= stride
     nll = [*score_windows(model, tokens, [start + plan[0][0]], length, method=method),
            *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, method=method)
              if len(plan) > 1 else [])]
-    return (np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)]),
-            np.concatenate([np.arange(length - k, length) for _, k in plan]))
+    return np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)])
 
 
 def mean_stderr(per_unit):

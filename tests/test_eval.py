@@ -229,7 +229,7 @@ def test_sliding_with_stride_equal_to_length_is_non_overlapping_windows(rope_run
     model, _, data_dir = load_run(rope_run)
     tokens, docs = load_split(data_dir, "val")
     s, T = int(docs[0, 0]), 2 * L
-    nll, pos = score_sliding(model, tokens, s, 3 * T, T, T)
+    nll, pos = score_sliding(model, tokens, s, 3 * T, T, T), extrapolate.window_positions(3 * T, "sliding", T, T)
     windows = score_windows(model, tokens, [s, s + T, s + 2 * T], T)
     assert nll == pytest.approx(windows.reshape(-1), abs=1e-6) and list(pos) == list(range(T)) * 3
 
