@@ -152,7 +152,7 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
         batches = (inputs_targets(get_rows(tokens, B, T, rng), device) for _ in range(config["eval_iters"]))
         with ctx:
             losses[split] = sum(model(x, y)[1].item() for x, y in batches) / config["eval_iters"]
-    if config["retrieval_mix"] and config.get("retrieval_task", "copy") == "mqar":  # .get: older checkpoints' configs
+    if config["retrieval_mix"] and config["retrieval_task"] == "mqar":
         rows, mask = mqar_batch(rng, 4 * B, T + 1, config["retrieval_segment"] // 2, copy_vocab)
         (x, y), scored = inputs_targets(rows, device), torch.from_numpy(mask[:, 1:]).to(device)
         with ctx:
@@ -171,7 +171,7 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
 
 def mix_synthetic(rows, rng, config, vocab):
     """Replace retrieval_mix of a batch's rows by retrieval_task's synthetic rows (in place); their loss is the rows' own."""
-    if config["retrieval_mix"] and config.get("retrieval_task", "copy") == "mqar":
+    if config["retrieval_mix"] and config["retrieval_task"] == "mqar":
         mix_mqar(rows, rng, config["retrieval_mix"], config["retrieval_segment"] // 2, vocab)
     elif config["retrieval_mix"]:  # copy: the same calls, so the same batches, as before the key existed
         mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], vocab)
