@@ -152,13 +152,19 @@ def run_home(run_dir):
     return Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
 
 
-def live_pid(lock):
-    """The pid in a lock file if that process is alive and not this one (a restarted container may reuse it), else None."""
+def take_lock(lock):
+    """Write this process's pid into the file lock and return None; if a live process other than this one (a restarted
+    container may reuse a pid) holds it, return its pid instead. A lock whose process has ended is taken over."""
     with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
         pid = int(lock.read_text())
         with suppress(PermissionError):  # alive, another user's
             os.kill(pid, 0)
-        return pid if pid > 0 and pid != os.getpid() else None
+        if pid > 0 and pid != os.getpid():
+            return pid
+    lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
+    with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another process took it just now
+        f.write(str(os.getpid()))
+    return None
 
 
 _CLAIMED = []  # (lock, folders made for it) of claim_output, released by run_cli, write_all or at exit
@@ -175,12 +181,9 @@ def claim_output(folder, name):
     lock = folder / f".{name}.lock"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if pid := live_pid(lock):
+        if pid := take_lock(lock):
             raise UserError(f"{folder} is in use by process {pid} ({lock}): another command is writing its {name} "
                             "outputs there; wait for it, or give another --out")
-        lock.unlink(missing_ok=True)  # stale: its process has ended
-        with open(lock, "x") as f:  # O_EXCL: FileExistsError if another command took it just now
-            f.write(str(os.getpid()))
     except FileExistsError:
         raise UserError(f"{folder} is in use by another command ({lock}); wait for it, or give another --out") from None
     except OSError as e:  # read-only, or under a file: found now, not after the whole computation

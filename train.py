@@ -22,8 +22,8 @@ from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_v
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from rope import first_negative, scaling_type, trained_freq
-from runtime import (UserError, autocast, checkpoint_config, data_dir, init_wandb, json_text, live_pid, load_checkpoint, model_from_checkpoint,
-                     peak_flops, pick_device, run_cli, write_atomic)
+from runtime import (UserError, autocast, checkpoint_config, data_dir, init_wandb, json_text, load_checkpoint, model_from_checkpoint,
+                     peak_flops, pick_device, run_cli, take_lock, write_atomic)
 
 RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
 
@@ -97,11 +97,8 @@ def run_folder(config):
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if pid := live_pid(lock):
+    if pid := take_lock(lock):
         raise UserError(f"out_dir {out_dir} is in use by process {pid} ({lock}): one training per out_dir")
-    lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
-    with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another run took it just now
-        f.write(str(os.getpid()))
     try:
         if config["init_from"] != "resume":
             if config["overwrite"] and Path(config["init_from"]).resolve() in (out_dir.resolve(), (out_dir / "ckpt.pt").resolve()):
