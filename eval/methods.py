@@ -19,20 +19,17 @@ def self_extend_group(length, run_len, window):
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
-def applies(method, pos_emb):
-    return pos_emb == "rope" or method in ANY_ENCODING or (method in MASKS and pos_emb in ("alibi", "none"))
-
-
 def applicable(methods, pos_emb):
-    """The methods that apply to an encoding, in the order given."""
-    return [m for m in methods if applies(m, pos_emb)]
+    """The methods that apply to an encoding, in the order given: under RoPE all, else ANY_ENCODING's, and MASKS where
+    positions are relative."""
+    return [m for m in methods if pos_emb == "rope" or m in ANY_ENCODING or (m in MASKS and pos_emb in ("alibi", "none"))]
 
 
 def usable(names, pos_emb):
     """The methods of `names` that apply to the encoding, saying which do not; none left: a one-line error."""
     kept = applicable(names, pos_emb)
-    if kept != list(names):
-        note = f"pos_emb={pos_emb}: {', '.join(m for m in names if m not in kept)} do not apply"
+    if dropped := [m for m in names if m not in kept]:
+        note = f"pos_emb={pos_emb}: {', '.join(dropped)} do not apply"
         if not kept:
             raise UserError(f"{note}; use --methods {','.join(applicable(METHODS, pos_emb))}")
         print(f"{note}; evaluating {', '.join(kept)}")
@@ -102,7 +99,7 @@ def check_pairs(factors, config):
 
 def unavailable(config, method, length):
     """Why a method cannot score `length` tokens on a model, or None: an explicit check, never a caught error."""
-    if not applies(method, config.pos_emb):
+    if not applicable([method], config.pos_emb):
         what = "masks relative positions" if method in MASKS else "rescales RoPE"
         return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
     if config.pos_emb == "learned" and length > config.block_size and method != "crop":
