@@ -3,6 +3,7 @@
     python train.py configs/rope_small.py [--key=value ...]
     torchrun --standalone --nproc_per_node=8 train.py configs/rope_small.py   # DDP, one node
 """
+import importlib
 import json
 import math
 import os
@@ -191,9 +192,9 @@ def train(config):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
         folder = data_dir(config["dataset"])
-        if master and (prepare := builtin(config["dataset"])) and not (folder / "meta.json").exists():  # before the others look
+        if master and (corpus := builtin(config["dataset"])) and not (folder / "meta.json").exists():  # before the others look
             print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
-            prepare(config["dataset"])
+            importlib.import_module(f"data.{corpus}.prepare").prepare(config["dataset"])
         if ddp:
             torch.distributed.barrier()
         meta = load_meta(folder)  # every file checked against meta.json's sha256s

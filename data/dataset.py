@@ -199,23 +199,17 @@ def shakespeare_vocab(name):
 
 
 def builtin(name):
-    """The prepare function of a built-in corpus (prepared on first use), else None."""
-    if shakespeare_vocab(name):
-        from data.shakespeare.prepare import prepare
-        return prepare
-    if name == "sympy":
-        from data.sympy.prepare import prepare
-        return prepare
-    return None
+    """The folder data/<folder>/prepare.py of the built-in corpus `name` (train.py prepares it on first use), else None."""
+    return "shakespeare" if shakespeare_vocab(name) else "sympy" if name == "sympy" else None
 
 
 def prepare_command(data_dir):
     name = Path(data_dir).name
-    if name == "sympy":
-        return "python data/sympy/prepare.py"
-    if vocab := shakespeare_vocab(name):
-        return "python data/shakespeare/prepare.py" + {VOCAB_SIZE: "", 257: " --bytes"}.get(vocab, f" --vocab_size {vocab}")
-    return f"python data/text/prepare.py <source> --name {name}"
+    if not (corpus := builtin(name)):
+        return f"python data/text/prepare.py <source> --name {name}"
+    vocab = shakespeare_vocab(name)  # shakespeare's vocabulary is an option; sympy's is fixed
+    options = {VOCAB_SIZE: "", 257: " --bytes"}.get(vocab, f" --vocab_size {vocab}") if vocab else ""
+    return f"python data/{corpus}/prepare.py{options}"
 
 
 def load_meta(data_dir, verify=True):

@@ -28,5 +28,5 @@ def test_a_document_is_a_source_file_of_the_package_long_enough_and_not_a_test(t
 
 
 def test_sympy_is_a_built_in_corpus():
-    assert builtin("sympy") is sympy.prepare and prepare_command("data/sympy") == "python data/sympy/prepare.py"
+    assert builtin("sympy") == "sympy" and prepare_command("data/sympy") == "python data/sympy/prepare.py"
     assert builtin("my_corpus") is None
