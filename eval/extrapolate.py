@@ -27,7 +27,6 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
               "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
               "diff_none_inside", "diff_none_inside_stderr", "helped_tokens", "ppl_helped", "n_units", "tokens",
               "seconds", "available", "reason")
-PER_UNIT = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")  # per window: a study's bootstrap
 
 
 def parse_args(argv):
