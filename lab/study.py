@@ -32,31 +32,45 @@ def last_iter(run_dir):
         return (ckpt := load_checkpoint(run_dir))["iter_num"], ckpt["config"]["max_iters"]
 
 
-def step(what, cmd):
+def step(what, cmd, wandb_log=True):
+    """Run one command of the study; a study that does not log keeps its runs' commands from logging too."""
     print(f"study: {what}: {' '.join(cmd[1:])}", flush=True)
-    if subprocess.run(cmd).returncode != 0:
+    if subprocess.run(cmd, env=None if wandb_log else dict(os.environ, WANDB_MODE="disabled")).returncode != 0:
         raise UserError(f"{what} failed (command: {shlex.join(cmd[1:])}); fix it and run the study again to resume")
 
 
-def run_one(config, seed, out, train_args, eval_args, probe_args=None):
+def same_options(a, b):
+    """Whether two option lists say the same: each --flag with the values after it, in any order of the flags."""
+    def groups(options):
+        flags = []
+        for x in options:
+            if x.startswith("--") or not flags:
+                flags.append([x])
+            else:
+                flags[-1].append(x)
+        return sorted(flags)
+    return groups(a) == groups(b)
+
+
+def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log=True):
     """Train (or resume) and evaluate one run unless that is done already; returns its folder."""
     run_dir = out / (name := f"{Path(config).stem}_seed{seed}")
     if (done := last_iter(run_dir)) is None or done[0] < done[1]:
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), config, f"--out_dir={run_dir}", f"--seed={seed}",
                                f"--wandb_group={out.name}", f"--wandb_run_name={name}",
                                *(a.replace("{seed}", str(seed)) for a in train_args),
-                               *(["--init_from=resume"] if done else [])])  # last: it wins over a fine-tune's init_from
+                               *(["--init_from=resume"] if done else [])], wandb_log)  # last: it wins over a fine-tune's init_from
         done = last_iter(run_dir)
     # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
     rep = (run_dir / "extrapolation.json").is_file() and load_report(run_dir)
-    if not rep or (rep["checkpoint_iter"], rep.get("options")) != (done[0], eval_args) or \
+    if not rep or rep["checkpoint_iter"] != done[0] or not same_options(rep.get("options") or [], eval_args) or \
             any("per_unit" not in r for r in rep["results"]):  # an older extrapolate.py kept no per-unit values
-        step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args])
+        step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args], wandb_log)
     else:
         print(f"study: {name}: trained and evaluated already")
     rep = (run_dir / "probes.json").is_file() and json.loads((run_dir / "probes.json").read_text())
-    if probe_args is not None and (not rep or (rep["checkpoint_iter"], rep["options"]) != (done[0], probe_args)):
-        step(f"probe {name}", [sys.executable, str(ROOT / "lab" / "probes.py"), str(run_dir), *probe_args])
+    if probe_args is not None and (not rep or rep["checkpoint_iter"] != done[0] or not same_options(rep["options"], probe_args)):
+        step(f"probe {name}", [sys.executable, str(ROOT / "lab" / "probes.py"), str(run_dir), *probe_args], wandb_log)
     return run_dir
 
 
@@ -123,7 +137,7 @@ def aggregate_probes(reports):
     rows, units = {}, {}
     for config, seeds in reports.items():
         judged = [rep["retrieval"]["retrieves"] for rep in seeds if rep["retrieval"]]
-        copies = "text: not judged" if None in judged else sum(judged)  # copy_source text: no threshold tells copying
+        copies = None if None in judged else sum(judged)  # None: copy_source text, where no threshold tells copying
         for rep in seeds:
             per = {}
             for r in (r for r in rep["results"] if r["probe"] in ("copy", "mqar", "passkey") and r["available"]):
@@ -429,8 +443,8 @@ def markdown(rows, seeds, probe_rows=(), declared=None, widths=None, shares=None
                               ("passkey", "passkey: exact match, by length", "trials (depths x trials)")):
         if rs := [r for r in probe_rows if r["probe"] == probe]:
             tables.append(section(what, rs, "value", seeds, unit, rs[0]["train_len"], digits=2, at=lambda r: r["at"],
-                                  key=lambda r: (f"{r['config']} ({r['seeds_that_copy']}" + ("" if isinstance(r["seeds_that_copy"], str)
-                                                                                else f"/{seeds} copy") + ")", r["method"]),
+                                  key=lambda r: (f"{r['config']} (" + ("text: not judged" if r["seeds_that_copy"] is None
+                                                                       else f"{r['seeds_that_copy']}/{seeds} copy") + ")", r["method"]),
                                   note="; (k/n copy): seeds whose run copies inside L, without which the row compares nothing; (text: not "
                                        "judged): held-out text is predictable without its first copy, the baseline is crop past L"))
     if declared and declared["rows"]:
@@ -556,7 +570,7 @@ def study(args):
     out, reports, probes = claim_output(args["out"], "study"), {}, {}
     for seed in range(args["seeds"]):  # seed-major: a study stopped early still has whole seeds of every config
         for config in args["configs"]:
-            run_dir = run_one(config, seed, out, args["train_args"], args["eval_args"], args["probe_args"])
+            run_dir = run_one(config, seed, out, args["train_args"], args["eval_args"], args["probe_args"], args["wandb_log"])
             reports.setdefault(Path(config).stem, []).append(load_report(run_dir))
             if args["probe_args"] is not None:
                 probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))

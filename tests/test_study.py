@@ -1,7 +1,9 @@
 """lab/study.py: the statistics against numbers worked out by hand, and the runner end to end on a tiny corpus."""
 import json
 import math
+import os
 import shlex
+import subprocess
 
 import numpy as np
 import pytest
@@ -217,12 +219,34 @@ def test_the_study_re_evaluates_a_report_without_per_unit_values(tmp_path, monke
     run_dir, calls = tmp_path / "rope_small_seed0", []
     run_dir.mkdir()
     monkeypatch.setattr(study, "last_iter", lambda run_dir: (6, 6))  # trained already
-    monkeypatch.setattr(study, "step", lambda what, cmd: calls.append(what))
+    monkeypatch.setattr(study, "step", lambda what, cmd, wandb_log: calls.append(what))
     for report in (fake_report(4.0, 3.5), dict(fake_report(4.0, 3.5), results=[dict(entry("none"), per_unit=None)]),
                    dict(fake_report(4.0, 3.5), results=[{k: v for k, v in entry("none").items() if k != "per_unit"}])):
         (run_dir / "extrapolation.json").write_text(json.dumps(dict(report, checkpoint_iter=6, options=[])))
         study.run_one("configs/rope_small.py", 0, tmp_path, [], [])
     assert calls == ["evaluate rope_small_seed0"]  # only the last: an older extrapolate.py's
+
+
+def test_the_same_options_in_another_order_are_not_evaluated_again(tmp_path, monkeypatch):
+    run_dir, calls = tmp_path / "rope_small_seed0", []
+    run_dir.mkdir()
+    monkeypatch.setattr(study, "last_iter", lambda run_dir: (6, 6))
+    monkeypatch.setattr(study, "step", lambda what, cmd, wandb_log: calls.append(cmd[3:]))
+    given = ["--lengths", "1,2", "--methods", "none,crop", "--no-wandb"]
+    (run_dir / "extrapolation.json").write_text(json.dumps(dict(fake_report(4.0, 3.5), checkpoint_iter=6, options=given)))
+    for options in (["--no-wandb", "--methods", "none,crop", "--lengths", "1,2"], ["--methods=none,crop", "--lengths", "1,2", "--no-wandb"],
+                    ["--lengths", "1,2", "--methods", "none", "--no-wandb"], ["--lengths", "1,2", "--methods", "none,crop"]):
+        study.run_one("configs/rope_small.py", 0, tmp_path, [], options)
+    assert calls == [["--methods=none,crop", "--lengths", "1,2", "--no-wandb"],  # '=' is another spelling: evaluated once more
+                     ["--lengths", "1,2", "--methods", "none", "--no-wandb"], ["--lengths", "1,2", "--methods", "none,crop"]]
+
+
+def test_a_study_that_does_not_log_keeps_its_runs_from_logging(monkeypatch):
+    envs = []
+    monkeypatch.setattr(study.subprocess, "run", lambda cmd, env: envs.append(env) or subprocess.CompletedProcess(cmd, 0))
+    study.step("train", ["python", "train.py"], wandb_log=False)
+    study.step("train", ["python", "train.py"])
+    assert envs[0]["WANDB_MODE"] == "disabled" and envs[0]["PATH"] == os.environ["PATH"] and envs[1] is None
 
 
 def tiny_config(dataset, folder):
