@@ -305,6 +305,7 @@ def contrasts(reports, probes=None, control=None, pairs=PAIRS, margin=MARGIN, ra
     family, dropped = distinct(loss_contrasts(reports, pairs, control, margin) +
                                probe_contrasts(probes or {}, pairs, control, rate_margin))
     rows, n_boot = decide(family) if family else ([], 0)
+    pairs = [(a, b) for a, b in pairs if any(c["method"].endswith(f"{a} - {b}") for c in family)]  # those the runs have
     what = ["every method but crop minus crop past L, at every length past L in every config",
             *(f"{a} minus {b} past L" for a, b in pairs)]
     if control:

@@ -116,6 +116,7 @@ def test_duplicates_and_zeros_leave_the_family_and_the_page_says_so():
         entry("window", loss=[4.0] * 8, diff_crop=[0.0] * 8)]) for k in range(3)]}
     declared = study.contrasts(reports)
     assert [c["method"] for c in declared["rows"]] == ["ntk"] and declared["family_size"] == 1
+    assert "minus ntk-by-parts" not in declared["family"]  # the runs have no yarn: the page does not name that pair
     assert declared["dropped"] == [
         dict(config="rope_small", method="dynamic-ntk (sequence)", at=64, reason="the same per-unit values as ntk"),
         dict(config="rope_small", method="window", at=64, reason="zero in every unit of every seed")]
@@ -133,7 +134,9 @@ def test_yarn_minus_ntk_by_parts_is_paired_on_the_same_windows_and_declared_too(
         entry("crop", loss=[4.0] * 16), entry("ntk-by-parts", loss=4.2 + window[k], diff_crop=0.2 + window[k]),
         entry("yarn", loss=4.1 + window[k] + rng.normal(0, 0.01, 16), diff_crop=0.1 + window[k] + rng.normal(0, 0.01, 16))])
         for k in range(3)]}
-    declared = {c["method"]: c for c in study.contrasts(reports)["rows"]}
+    family = study.contrasts(reports)
+    assert "yarn minus ntk-by-parts past L" in family["family"]
+    declared = {c["method"]: c for c in family["rows"]}
     pair = declared["yarn - ntk-by-parts"]
     assert pair["mean"] == pytest.approx(declared["yarn"]["mean"] - declared["ntk-by-parts"]["mean"])
     assert pair["decision"] == "lower than ntk-by-parts" and pair["hi"] < 0 and pair["hi"] - pair["lo"] < 0.02
