@@ -360,7 +360,9 @@ class GPT(nn.Module):
         """rotary_tables, cached per scaling and device (a host-to-device copy per forward stalls a GPU): a length's
         tables are the first rows of a longer length's, unless the frequencies follow the length (dynamic, longrope)."""
         follows = causal_dynamic or scaling_type(self.config.full_rope_scaling(scaling)) in ("dynamic", "longrope")
-        key = (json.dumps(scaling, sort_keys=True, default=repr), causal_dynamic, str(device), seq_len if follows else None)
+        # no json for training's scaling=None: torch.compile cannot trace json.dumps, and would split the graph there
+        name = None if scaling is None else json.dumps(scaling, sort_keys=True, default=repr)
+        key = (name, causal_dynamic, str(device), seq_len if follows else None)
         if key not in self.rope_cache or self.rope_cache[key][0] < seq_len:
             if len(self.rope_cache) >= 64:  # many lengths of a dynamic scaling (generation): start again
                 self.rope_cache.clear()
