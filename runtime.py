@@ -4,7 +4,6 @@ import argparse
 import atexit
 import json
 import math
-import netrc
 import os
 import sys
 from contextlib import nullcontext, suppress
@@ -252,17 +251,6 @@ def write_atomic(path, write):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def init_wandb(config, job_type, group):
-    """A wandb run that never blocks on a login prompt: online when logged in, else offline."""
-    import wandb
-    logged_in = False
-    with suppress(OSError, netrc.NetrcParseError):
-        logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
-    mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
-    return wandb.init(project=config["wandb_project"], name=f"{config['wandb_run_name']}-{job_type}", group=group,
-                      job_type=job_type, config=config, mode=mode)
 
 
 def load_checkpoint(path, device="cpu"):

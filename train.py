@@ -23,8 +23,9 @@ from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, random_v
 from model import GPT
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, load_config, model_config
 from rope import first_negative, scaling_type, trained_freq
-from runtime import (UserError, autocast, checkpoint_config, data_dir, init_wandb, json_text, load_checkpoint, model_from_checkpoint,
+from runtime import (UserError, autocast, checkpoint_config, data_dir, json_text, load_checkpoint, model_from_checkpoint,
                      peak_flops, pick_device, run_cli, take_lock, write_atomic)
+from wandb_runs import open_run
 
 RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
 
@@ -242,8 +243,7 @@ def train(config):
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
             if note := base_bound_note(gptconf):
                 print(note)
-        run = (init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
-               if master and config["wandb_log"] else None)
+        run = open_run(config, out_dir, new=config["init_from"] != "resume") if master and config["wandb_log"] else None
 
         t0, timed_from = time.time(), iter_num
         saved = iter_num if config["init_from"] == "resume" else None  # the checkpoint a resume starts from

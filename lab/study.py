@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from eval.methods import METHODS
 from lab.stats import LEVEL, both, blocks, documents, interval, ratio_interval, replicates, seed_test
-from runtime import ROOT, UserError, claim_output, command_parser, init_wandb, json_text, load_checkpoint, number, run_cli, shared_values
+from runtime import ROOT, UserError, claim_output, command_parser, json_text, load_checkpoint, number, run_cli, shared_values
+from wandb_runs import contrast_metrics, log_results
 from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
@@ -481,14 +482,16 @@ def plot(rows):
 
 
 def log_wandb(study, out, png_path, md):
+    """The study's own wandb run, in the group of its runs: the declared contrasts as summary metrics, the table and figure."""
     import wandb
     cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi", "p")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
             + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi", "p")] for r in study["rows"]]
-    with init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
-                    "study", group=out.name) as run:
-        run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
-                 "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
+    train_lens = {r["config"]: r["train_len"] for r in study["rows"]}
+    log_results(out, dict(wandb_group=out.name, configs=study["configs"], seeds=study["seeds"]),  # its runs' group
+                contrast_metrics(study.get("contrasts") or {"rows": []}, train_lens), job_type="study",
+                media={"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
+                       "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
 
 
 def from_root(path):
