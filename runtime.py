@@ -1,4 +1,4 @@
-"""What every command needs around the model: CLI helpers, device and dtype, wandb, where data lives, atomic writes
+"""What every command needs around the model: CLI helpers, device and dtype, where data lives, atomic writes
 and checkpoints. Shared by train.py, bench.py, sample.py and eval/; no training loop, no model code."""
 import argparse
 import atexit
