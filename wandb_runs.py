@@ -32,7 +32,7 @@ def wandb_mode():
     CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails, and without a
     network waits about 100 s before it fails)."""
     mode = os.environ.get("WANDB_MODE", "").lower()
-    if mode in ("offline", "disabled", "dryrun"):
+    if mode in ("offline", "disabled"):
         return mode
     url, host, port = server()
     login = os.environ.get("WANDB_API_KEY")
@@ -107,7 +107,7 @@ def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
 
 
 def key(*parts):
-    """A metric name: parts joined by '/', each without spaces or slashes (a method label 'dynamic-ntk (causal)')."""
+    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn - rope_small crop')."""
     return "/".join(re.sub(r"[\s/()]+", "_", str(p)).strip("_") for p in parts)
 
 
