@@ -56,16 +56,19 @@ def read_run(path):
 
 
 def offline_runs(folder):
-    return [read_run(f) for f in sorted(folder.glob("wandb/offline-run-*/run-*.wandb"))]  # by start time
+    """Every offline run file under folder/wandb, in the order the runs started."""
+    runs = [read_run(f) for f in folder.glob("wandb/offline-run-*/run-*.wandb")]
+    return sorted(runs, key=lambda r: r["run"].start_time.ToNanoseconds())
 
 
 @pytest.fixture
 def wandb_dir(tmp_path, monkeypatch):
+    import wandb
+    wandb.teardown()  # wandb keeps process-wide settings (its dir) from its first init in the process: start afresh
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     yield tmp_path
-    import wandb
-    wandb.teardown()  # wandb keeps process-wide settings (its dir) from the first init: leave none behind
+    wandb.teardown()  # and leave none behind
 
 
 def test_a_model_is_one_wandb_run_with_its_evaluation_as_summary_and_curves_by_position(dataset, wandb_dir):
