@@ -57,6 +57,8 @@ def read_run(path):
 
 def offline_runs(folder):
     """Every offline run file under folder/wandb, in the order the runs started."""
+    import wandb
+    wandb.teardown()  # its service writes the files behind the runs: shut down, it has written all
     runs = [read_run(f) for f in folder.glob("wandb/offline-run-*/run-*.wandb")]
     return sorted(runs, key=lambda r: r["run"].start_time.ToNanoseconds())
 
