@@ -86,7 +86,8 @@ class Method:
     per-position dynamic scaling (a full forward, no cache); window: attend to at most the last `window` positions;
     sinks: of those, keep the first `sinks` positions of the sequence instead, at StreamingLLM's cache positions (Xiao
     et al. 2023); logn_len: log-n attention scaling past this length; extend: (window, group): pairs at least `window`
-    apart take far_positions' (ReRoPE: group None; Self-Extend); crop: truncation, the input cut to its last `crop`
+    apart take far_positions' (ReRoPE: group None; Self-Extend); leak: with extend (group None), leaky ReRoPE's k:
+    beyond the window distances grow k times slower (the far pairs rotated with linear scaling by k); crop: truncation, the input cut to its last `crop`
     tokens (Method.kept) before a forward. rope_scaling, causal_dynamic and extend act on the RoPE layers only; window
     on every layer (GPT.layer_positions)."""
     rope_scaling: dict | None = None
@@ -95,6 +96,7 @@ class Method:
     sinks: int = 0
     logn_len: int | None = None
     extend: tuple | None = None
+    leak: int | None = None
     crop: int | None = None
 
     def __post_init__(self):
@@ -408,7 +410,14 @@ class GPT(nn.Module):
             at = cache_positions(T, start + T, window, device)
             rotated_sinks = (sinks, cos[at], sin[at])
         far = None
-        if extend and cos is not None:
+        if extend and cos is not None and method.leak:
+            # leaky ReRoPE: query at i + w(k-1), key at j, both with frequencies / k: distance w + (d - w) / k past w
+            shift = extend[0] * (method.leak - 1)
+            slow_cos, slow_sin, _ = self.rotary(start + T + shift, {"rope_type": "linear", "factor": float(method.leak)},
+                                                False, device)
+            at_q, at_k = torch.arange(start, start + T, device=device) + shift, torch.arange(start + T, device=device)
+            far = (slow_cos[at_q], slow_sin[at_q], slow_cos[at_k], slow_sin[at_k], extend[0])
+        elif extend and cos is not None:
             at_q, at_k = far_positions(T, start + T, *extend, device)
             far = (cos[at_q], sin[at_q], cos[at_k], sin[at_k], extend[0])
         seen = torch.arange(start + 1, start + T + 1, device=device)  # keys each query sees: causal, within the window
