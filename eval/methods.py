@@ -35,7 +35,8 @@ def parse_methods(text):
             if key not in SETTINGS.get(name, ()):
                 raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes "
                                 f"{', '.join(SETTINGS.get(name, ())) or 'none'} (name:key=value)")
-            number(value, f"methods {spec}: {key}", int if key in INTEGER else float, 1)
+            if not number(value, f"methods {spec}: {key}", *((int, 1) if key in INTEGER else (float, 0))) > 0:
+                raise UserError(f"--methods {spec}: {key} must be > 0 (YaRN's betas: rotations over L), got {value}")
     return list(dict.fromkeys(specs))
 
 
