@@ -1,16 +1,36 @@
-"""The position methods every command shares: for each name its model.Method and the encodings it applies to
-(docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for every encoding:
-Method(crop=L), which the scorers and generation apply by cutting the input (Method.kept)."""
-from model import Method
-from runtime import UserError, number
+"""The position methods every command shares, one entry each in METHODS: the encodings it applies to, how its factor
+defaults, and the positions.Method it builds (docs/methodology.md; adding one: docs/adding_a_method.md). Nothing else in
+the repository decides any of this. `crop` is truncation for every encoding: Method(crop=L), which the scorers and
+generation apply by cutting the input (Method.cropped). Formulas live in rope.py (a rope_scaling dict) and positions.py
+(masks, sinks, merged attention)."""
+from typing import Callable, NamedTuple
 
-METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
-           "ntk+logn", "self-extend", "rerope", "pairs")
-FIXED = METHODS[:-1]  # the methods that need no argument: pairs takes a factor per pair (--pair_factors)
-ANY_ENCODING = ("none", "crop", "logn")  # act on the input or on attention; the others need relative positions
-MASKS = ("window", "sinks")  # masks over positions past L: for RoPE, ALiBi and NoPE, whose positions are relative
+from common import UserError, parse_number
+from model import POS_EMBS
+from positions import Method
+from rope import ORIGINAL
+
+ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only, so a mask can move them
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
-EXTEND = ("self-extend", "rerope")  # exact positions within a neighbour window, grouped or clipped beyond it
+
+
+class Entry(NamedTuple):
+    encodings: tuple  # the pos_emb values it applies to
+    # its factor s: "ratio" (default length / L, never below 1), "multiplier" (transformers' dynamic a, default 1: the
+    # scale follows the length by itself), "per pair" (a list, no default) or None (it takes none)
+    factor: str | None
+    positions: Callable  # At -> the fields of its positions.Method
+
+
+class At(NamedTuple):  # what a method's positions may depend on
+    s: float | list | None  # its factor
+    L: int  # the original training length it scales from
+    run_len: int  # the run's own (a fine-tune's block_size): the longest context its weights saw, which crop keeps
+    length: int  # the length scored
+
+
+def yarn(a, **keys):
+    return {"rope_scaling": {"rope_type": "yarn", "factor": a.s, ORIGINAL: a.L, **keys}}
 
 
 def self_extend_group(length, run_len, window):
@@ -19,64 +39,71 @@ def self_extend_group(length, run_len, window):
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
+METHODS_TABLE = {
+    "none": Entry(POS_EMBS, None, lambda a: {}),  # the model as trained (with its own rope_scaling, if it had one)
+    "crop": Entry(POS_EMBS, None, lambda a: {"crop": a.run_len}),  # truncation to the last run_len tokens
+    "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),  # sliding-window attention: the last run_len
+    # the first SINKS tokens and the last run_len - SINKS
+    "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": SINKS}),
+    "pi": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "linear", "factor": a.s}}),
+    "ntk": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}}),
+    "dynamic-ntk": Entry(ROPE, "multiplier",
+                         lambda a: {"rope_scaling": {"rope_type": "dynamic", "factor": a.s, ORIGINAL: a.L}}),
+    "yarn": Entry(ROPE, "ratio", yarn),
+    "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0)),  # YaRN without its temperature
+    "llama3": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "llama3", "factor": a.s, ORIGINAL: a.L,
+                                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0}}),
+    "logn": Entry(POS_EMBS, None, lambda a: {"logn_len": a.L}),
+    "ntk+logn": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}, "logn_len": a.L}),
+    # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
+    "self-extend": Entry(ROPE, None, lambda a: {"extend": (a.run_len // 2, self_extend_group(a.length, a.run_len,
+                                                                                            a.run_len // 2))}),
+    "rerope": Entry(ROPE, None, lambda a: {"extend": (a.run_len // 2, None)}),
+    # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
+    "pairs": Entry(ROPE, "per pair", lambda a: {"rope_scaling": {"rope_type": "longrope", "short_factor": a.s,
+                                                                 "long_factor": a.s, "attention_factor": 1.0, ORIGINAL: a.L}}),
+}
+METHODS = tuple(METHODS_TABLE)
+FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.factor != "per pair")  # pairs needs --pair_factors
+ANY_ENCODING = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == POS_EMBS)  # on the input or on attention
+MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
+
+
 def applicable(methods, pos_emb):
-    """The methods that apply to an encoding, in the order given: under RoPE all, else ANY_ENCODING's, and MASKS where
-    positions are relative."""
-    return [m for m in methods if pos_emb == "rope" or m in ANY_ENCODING or (m in MASKS and pos_emb in ("alibi", "none"))]
+    """The methods that apply to an encoding, in the order given."""
+    return [m for m in methods if pos_emb in METHODS_TABLE[m].encodings]
 
 
 def usable(names, pos_emb):
     """The methods of `names` that apply to the encoding, saying which do not; none left: a one-line error."""
-    kept = applicable(names, pos_emb)
-    if dropped := [m for m in names if m not in kept]:
+    applying = applicable(names, pos_emb)
+    if dropped := [m for m in names if m not in applying]:
         note = f"pos_emb={pos_emb}: {', '.join(dropped)} do not apply"
-        if not kept:
+        if not applying:
             raise UserError(f"{note}; use --methods {','.join(applicable(METHODS, pos_emb))}")
-        print(f"{note}; evaluating {', '.join(kept)}")
-    return kept
+        print(f"{note}; evaluating {', '.join(applying)}")
+    return applying
 
 
 def method_factor(method, length, train_len, factor=None):
-    """The factor in the method's arguments at `length` tokens: None where there is none; dynamic-ntk's is
-    transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
-    default to the ratio that maps the length back onto the training length (never below 1)."""
-    if method in ANY_ENCODING + MASKS + EXTEND:
+    """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else the one
+    pinned (`factor`), or its default."""
+    kind = METHODS_TABLE[method].factor
+    if kind is None:
         return None
-    if method == "dynamic-ntk":
+    if kind == "multiplier":
         return factor or 1.0
-    if method == "pairs":  # a list, checked by check_pairs
+    if kind == "per pair":  # a list, checked by check_pairs
         return factor
     return factor or max(1.0, length / train_len)
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The model.Method of a method over `length` tokens: a Hugging Face style rope_scaling dict, an attention window,
-    log-n scaling, truncation. train_len: the original training length the methods scale from (GPTConfig.train_len);
-    run_len: the run's own block_size (a fine-tune's), the longest context its weights were trained on, which crop
-    keeps. factor: pinned instead of method_factor's default; causal: dynamic scaling exact per position."""
-    s, L = method_factor(method, length, train_len, factor), train_len
-    yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
-    return Method(causal_dynamic=causal, **{
-        "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
-        "crop": {"crop": run_len},  # truncation to the last run_len tokens
-        "window": {"window": run_len},  # sliding-window attention: each token sees its last run_len
-        "sinks": {"window": run_len, "sinks": SINKS},  # the first SINKS tokens and the last run_len - SINKS
-        "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
-        "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
-        "dynamic-ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": s, "original_max_position_embeddings": L}},
-        "yarn": {"rope_scaling": yarn},
-        "ntk-by-parts": {"rope_scaling": {**yarn, "attention_factor": 1.0}},  # YaRN without its temperature
-        "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
-                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
-        "logn": {"logn_len": L},
-        "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
-        # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
-        "self-extend": {"extend": (run_len // 2, self_extend_group(length, run_len, run_len // 2))},
-        "rerope": {"extend": (run_len // 2, None)},
-        # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
-        "pairs": {"rope_scaling": {"rope_type": "longrope", "short_factor": s, "long_factor": s, "attention_factor": 1.0,
-                                   "original_max_position_embeddings": L}},
-    }[method])
+    """The positions.Method of a method over `length` tokens. train_len: the original training length the methods scale
+    from (GPTConfig.train_len); run_len: the run's own block_size (a fine-tune's), which crop keeps. factor: pinned
+    instead of method_factor's default; causal: dynamic scaling exact per position."""
+    at = At(method_factor(method, length, train_len, factor), train_len, run_len, length)
+    return Method(causal_dynamic=causal, **METHODS_TABLE[method].positions(at))
 
 
 PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")
@@ -84,7 +111,7 @@ PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per f
 
 def parse_pairs(text):
     """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept, unlike other lists."""
-    return None if text is None else [number(t, "pair_factors", float, 1) for t in text.split(",")]
+    return None if text is None else [parse_number(t, "pair_factors", float, 1) for t in text.split(",")]
 
 
 def check_pairs(factors, config):
