@@ -174,8 +174,11 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(positions)
         rope = (self.rotary(start + T, method.rope_scaling, method.causal_dynamic, idx.device)
                 if self.config.pos_emb == "rope" else None)
+        # leaky ReRoPE's far pairs: linear scaling by k, over the positions its queries are moved on to
+        slow = (self.rotary(start + T + method.extend[0] * (method.leak - 1), {"rope_type": "linear", "factor": float(method.leak)},
+                            False, idx.device) if rope is not None and method.leak else None)
         # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
-        pos = {nope: layer_positions(method, None if nope else rope, start, T, self.config, idx.device)
+        pos = {nope: layer_positions(method, None if nope else rope, start, T, self.config, idx.device, slow)
                for nope in {block.attn.nope for block in self.transformer.h}}
         x = self.transformer.drop(x)
         for block in self.transformer.h:

@@ -20,8 +20,9 @@ class Method:
     per-position dynamic scaling (a full forward, no cache); window: attend to at most the last `window` positions;
     sinks: of those, keep the first `sinks` positions of the sequence instead, at StreamingLLM's cache positions (Xiao
     et al. 2023); logn_len: log-n attention scaling past this length; extend: (window, group): pairs at least `window`
-    apart take far_positions' (ReRoPE: group None; Self-Extend); crop: truncation, the input cut to its last `crop`
-    tokens (Method.cropped) before a forward. rope_scaling, causal_dynamic and extend act on the RoPE layers only;
+    apart take far_positions' (ReRoPE: group None; Self-Extend); leak: with extend (group None), leaky ReRoPE's k: beyond
+    the window distances grow k times slower (the far pairs rotated with linear scaling by k); crop: truncation, the
+    input cut to its last `crop` tokens (Method.cropped) before a forward. rope_scaling, causal_dynamic and extend act on the RoPE layers only;
     window on every layer (layer_positions)."""
     rope_scaling: dict | None = None
     causal_dynamic: bool = False
@@ -29,6 +30,7 @@ class Method:
     sinks: int = 0
     logn_len: int | None = None
     extend: tuple | None = None
+    leak: int | None = None
     crop: int | None = None
 
     def __post_init__(self):  # eval/methods.py builds these: a bad combination is a bug there
@@ -107,6 +109,13 @@ def far_positions(T, Tk, window, group, device=None):
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
     return (q // group + window - window // group).clamp(max=Tk - 1), k // group
+
+
+def leaky_positions(T, Tk, method, device):
+    """Leaky ReRoPE (Su 2023) with frequencies / k: query i at i + w(k - 1), key j at j, so a distance d >= w becomes
+    w + (d - w) / k. (queries [T], keys [Tk])."""
+    shift = method.extend[0] * (method.leak - 1)
+    return torch.arange(Tk - T, Tk, device=device) + shift, torch.arange(Tk, device=device)
 
 
 # ----------------------------------------------------------------------------- the attention variants
@@ -224,9 +233,9 @@ def causal_dynamic(pos, q, k, v, ssmax, attend, dropout):
     return causal_dynamic_attention(scaled(q, pos.scales(ssmax)), k, v, *pos.extra, pos.mask, pos.layout)
 
 
-def layer_positions(method, rotary, start, T, config, device):
+def layer_positions(method, rotary, start, T, config, device, slow=None):
     """The Positions of one kind of layer over T queries after `start` cached ones: rotary, the rope.Rotary of one
-    forward (None for a layer without rotation). A RoPE layer with a rope_window attends within the smaller of it and
+    forward (None for a layer without rotation); slow: leaky ReRoPE's, frequencies / k (GPT.forward). A RoPE layer with a rope_window attends within the smaller of it and
     the method's window, keeping the method's sinks only where that is the method's (a layer trained local never saw
     far-off sinks)."""
     window, sinks, Tk = method.window, method.sinks, start + T
@@ -245,8 +254,9 @@ def layer_positions(method, rotary, start, T, config, device):
     if per_query is not None:
         variant, extra = causal_dynamic, per_query
     elif method.extend and cos is not None:
-        at_q, at_k = far_positions(T, Tk, *method.extend, device)
-        variant, extra = merged, (cos[at_q], sin[at_q], cos[at_k], sin[at_k], method.extend[0])
+        far_cos, far_sin = (cos, sin) if slow is None else (slow.cos, slow.sin)
+        at_q, at_k = far_positions(T, Tk, *method.extend, device) if slow is None else leaky_positions(T, Tk, method, device)
+        variant, extra = merged, (far_cos[at_q], far_sin[at_q], far_cos[at_k], far_sin[at_k], method.extend[0])
     elif sinks and cos is not None:
         at = cache_positions(T, Tk, window, device)
         variant, extra = with_sinks, (sinks, cos[at], sin[at])

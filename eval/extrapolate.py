@@ -14,12 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from data.dataset import doc_windows, load_split
 from eval.report import PLOT_BINS, PLOTTED, PLOTTED_N, extrapolation_plot, extrapolation_table, json_csv, label, write_all
 from eval import methods
-from eval.methods import FIXED, METHODS, forward_args, method_factor
+from eval.methods import FIXED, METHODS, forward_args, method_factor, parse_methods, split_method
 from eval.score import bin_edges, mean_stderr, score_sliding, score_windows, sliding_windows
 from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
 from runtime import init_wandb, load_run
 
 PROTOCOLS = ("windows", "sliding")
+DOCS = ("all", "dev", "test")  # the held-out documents, or one half of them: dev (even-numbered files), test (odd)
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
@@ -31,7 +32,9 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
 def parse_args(argv):
     p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb")
     for name, default, text in (
-            ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(FIXED), "eval/methods.py's"),
+            ("lengths", "1,2,4,8,16", "multiples of the training length"),
+            ("methods", ",".join(FIXED), "eval/methods.py's, each with optional settings: name:key=value (yarn:beta_fast=4)"),
+            ("docs", "all", "held-out documents scored: all, dev (even-numbered) or test (odd-numbered): settings are chosen on dev"),
             ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
             ("stride", "half", "the sliding protocol's stride: half of each length, or tokens"),
             ("tokens", "16384", "scored tokens per length and protocol"),
@@ -48,23 +51,36 @@ def parse_args(argv):
     a = p.parse_args(argv)
     args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
                 **{k: parse_list(getattr(a, k), k, str, allowed) for k, allowed in
-                   (("methods", METHODS), ("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
+                   (("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
+                methods=parse_methods(a.methods),
                 lengths=parse_list(a.lengths, "lengths", float))
     if any(m <= 0 for m in args["lengths"]):
         raise UserError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
     if "windows" not in args["protocols"]:
         raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows protocol): "
                          "use --protocols windows,sliding")
+    if a.docs not in DOCS:
+        raise UserError(f"unknown --docs {a.docs!r}; allowed: {', '.join(DOCS)}")
     if a.bins not in BINS:
         raise UserError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
-    return dict(args, bins=a.bins, stride=None if a.stride == "half" else parse_number(a.stride, "stride", int, 1),
+    return dict(args, bins=a.bins, docs=a.docs, stride=None if a.stride == "half" else parse_number(a.stride, "stride", int, 1),
                 tokens=parse_number(a.tokens, "tokens", int, 1), min_units=parse_number(a.min_units, "min_units", int, 2),
                 factor=None if a.factor == "auto" else parse_number(a.factor, "factor", float, 1),
                 dynamic_factor=parse_number(a.dynamic_factor, "dynamic_factor", float, 1),
                 helped_threshold=parse_number(a.helped_threshold, "helped_threshold", float, 0),
                 crop_stride=None if a.crop_stride == "auto" else parse_number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
-                plot=None if a.plot == "auto" else parse_list(a.plot, "plot", str, METHODS))
+                plot=None if a.plot == "auto" else parse_methods(a.plot))
+
+
+def held_out(docs, which):
+    """The held-out documents [(start, end)] scored: all, or the dev (even-numbered) or test (odd-numbered) half, a split
+    by whole file made once, the same for every run of a corpus (files in name order)."""
+    chosen = {"all": docs, "dev": docs[0::2], "test": docs[1::2]}[which]
+    if not len(chosen):
+        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), none of them {which}; "
+                        "use --docs all, or a corpus with at least 2 held-out documents")
+    return chosen
 
 
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
@@ -80,7 +96,7 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
     """NLL [units, n] of every target of every unit, in order, under a model.Method."""
     if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
-        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, n)) for s in starts])
+        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, method.crop, n)) for s in starts])
     if protocol == "sliding":
         return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method) for s in starts])
     return score_windows(model, tokens, starts, n, method=method)
@@ -134,7 +150,7 @@ def run_grid(model, tokens, docs, args, train_len):
                          "use a larger multiple")
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
-            ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
+            ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if split_method(m)[0] == "dynamic-ntk" else [None])]
     reasons = methods.reasons(model.config, [(m, T) for p, T, m, _ in grid])
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
         raise UserError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
@@ -145,13 +161,13 @@ def run_grid(model, tokens, docs, args, train_len):
     scored, results, done = {}, [], {}
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
-        given = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}.get(method, args["factor"])
+        given = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}.get(split_method(method)[0], args["factor"])
         factor = method_factor(method, T, train_len, given)
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         how = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
         # crop depends on the units alone: the sliding protocol's lengths share their stretches, and so crop's scores
-        key = ("crop", n, tuple(starts)) if method == "crop" else (protocol, T, method, mode)
+        key = ("crop", how.crop, n, tuple(starts)) if how.crop else (protocol, T, method, mode)
         if not reason and key not in done:
             done[key] = score_units(model, tokens, starts, n, protocol, T, stride, how, crop_stride)
         scored[protocol, T, method, mode] = None if reason else done[key]
@@ -216,13 +232,14 @@ def extrapolate(args):
         print(f"dynamic-ntk: factor a = {args['dynamic_factor']:g} (transformers' extra NTK multiplier, not the "
               f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])} (causal: windows only)")
     tokens, docs = load_split(data_dir, "val")
+    docs = held_out(docs, args["docs"])
     t0 = time.time()
     results, units, unit_docs, crop_stride = run_grid(model, tokens, docs, args, train_len)
     spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}  # the benchmark line
     report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb,
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
                   options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
-                  bins=args["bins"], dataset=str(data_dir), crop_stride=crop_stride,
+                  bins=args["bins"], dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
                   crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
                   unit_docs=unit_docs, documents=len(docs), results=results)

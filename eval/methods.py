@@ -3,6 +3,7 @@ defaults, and the positions.Method it builds (docs/methodology.md; adding one: d
 the repository decides any of this. `crop` is truncation for every encoding: Method(crop=L), which the scorers and
 generation apply by cutting the input (Method.cropped). Formulas live in rope.py (a rope_scaling dict) and positions.py
 (masks, sinks, merged attention)."""
+import math
 from typing import Callable, NamedTuple
 
 from common import UserError, parse_number
@@ -12,6 +13,8 @@ from rope import ORIGINAL
 
 ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only, so a mask can move them
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
+BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
+INTEGER = ("window", "group", "k")  # settings that count tokens (or a group size, a slowdown): the rest are numbers
 
 
 class Entry(NamedTuple):
@@ -20,6 +23,8 @@ class Entry(NamedTuple):
     # scale follows the length by itself), "per pair" (a list, no default) or None (it takes none)
     factor: str | None
     positions: Callable  # At -> the fields of its positions.Method
+    settings: tuple = ()  # what a user may set, as name:key=value[:key=value] (yarn:beta_fast=4); unset: the method's rule
+    default: bool = True  # in --methods' default list
 
 
 class At(NamedTuple):  # what a method's positions may depend on
@@ -27,16 +32,27 @@ class At(NamedTuple):  # what a method's positions may depend on
     L: int  # the original training length it scales from
     run_len: int  # the run's own (a fine-tune's block_size): the longest context its weights saw, which crop keeps
     length: int  # the length scored
+    given: dict  # its settings, as given
 
 
 def yarn(a, **keys):
-    return {"rope_scaling": {"rope_type": "yarn", "factor": a.s, ORIGINAL: a.L, **keys}}
+    return {"rope_scaling": {"rope_type": "yarn", "factor": a.s, ORIGINAL: a.L, **a.given, **keys}}
+
+
+def near(a):  # Self-Extend's and ReRoPE's neighbour window: exact distances below it, half the trained context unless set
+    return a.given.get("window", a.run_len // 2)
 
 
 def self_extend_group(length, run_len, window):
     """Self-Extend's group size: the smallest G whose largest grouped distance, (length - 1) // G + W - W // G, is
     one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
+
+
+def leaky_k(length, run_len, window):
+    """Leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, is one the
+    model was trained on (at most run_len - 1)."""
+    return max(1, math.ceil((length - 1 - window) / (run_len - 1 - window))) if length > run_len else 1
 
 
 METHODS_TABLE = {
@@ -49,29 +65,60 @@ METHODS_TABLE = {
     "ntk": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}}),
     "dynamic-ntk": Entry(ROPE, "multiplier",
                          lambda a: {"rope_scaling": {"rope_type": "dynamic", "factor": a.s, ORIGINAL: a.L}}),
-    "yarn": Entry(ROPE, "ratio", yarn),
-    "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0)),  # YaRN without its temperature
+    "yarn": Entry(ROPE, "ratio", yarn, BETAS),
+    "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0), BETAS),  # YaRN without its temperature
     "llama3": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "llama3", "factor": a.s, ORIGINAL: a.L,
                                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0}}),
     "logn": Entry(POS_EMBS, None, lambda a: {"logn_len": a.L}),
     "ntk+logn": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}, "logn_len": a.L}),
     # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
-    "self-extend": Entry(ROPE, None, lambda a: {"extend": (a.run_len // 2, self_extend_group(a.length, a.run_len,
-                                                                                            a.run_len // 2))}),
-    "rerope": Entry(ROPE, None, lambda a: {"extend": (a.run_len // 2, None)}),
+    "self-extend": Entry(ROPE, None, lambda a: {"extend": (near(a), a.given.get("group") or self_extend_group(
+        a.length, a.run_len, near(a)))}, ("window", "group")),
+    "rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None)}, ("window",)),
+    # truncation to the last train_len tokens: a fine-tune's own positive control (crop, before a fine-tune)
+    "crop-L": Entry(POS_EMBS, None, lambda a: {"crop": a.L}, default=False),
+    # Leaky ReRoPE (Su 2023): beyond the window distances grow k times slower, w + (d - w) / k
+    "leaky-rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None), "leak": a.given.get("k") or leaky_k(
+        a.length, a.run_len, near(a))}, ("window", "k"), default=False),
     # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
     "pairs": Entry(ROPE, "per pair", lambda a: {"rope_scaling": {"rope_type": "longrope", "short_factor": a.s,
-                                                                 "long_factor": a.s, "attention_factor": 1.0, ORIGINAL: a.L}}),
+                                                                 "long_factor": a.s, "attention_factor": 1.0, ORIGINAL: a.L}},
+                   default=False),
 }
 METHODS = tuple(METHODS_TABLE)
-FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.factor != "per pair")  # pairs needs --pair_factors
+FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.default)  # the default list (pairs needs --pair_factors)
 ANY_ENCODING = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == POS_EMBS)  # on the input or on attention
 MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
 
 
+def parse_methods(text):
+    """--methods as given: names of METHODS, each with optional settings (Entry.settings); repeats dropped."""
+    specs = [t.strip() for t in text.split(",") if t.strip()]
+    if not specs:
+        raise UserError("--methods is empty")
+    for spec in specs:
+        name, *settings = spec.split(":")
+        if name not in METHODS:
+            raise UserError(f"unknown --methods {name}; allowed: {', '.join(METHODS)}")
+        for setting in settings:
+            key, _, value = setting.partition("=")
+            if key not in (allowed := METHODS_TABLE[name].settings):
+                raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes {', '.join(allowed) or 'none'} "
+                                "(name:key=value)")
+            if not parse_number(value, f"methods {spec}: {key}", *((int, 1) if key in INTEGER else (float, 0))) > 0:
+                raise UserError(f"--methods {spec}: {key} must be > 0 (YaRN's betas: rotations over L), got {value}")
+    return list(dict.fromkeys(specs))
+
+
+def split_method(spec):
+    """'yarn:beta_fast=4' -> ('yarn', {'beta_fast': 4.0}): a method's name and settings (checked by parse_methods)."""
+    name, *settings = spec.split(":")
+    return name, {k: (int if k in INTEGER else float)(v) for k, _, v in (s.partition("=") for s in settings)}
+
+
 def applicable(methods, pos_emb):
     """The methods that apply to an encoding, in the order given."""
-    return [m for m in methods if pos_emb in METHODS_TABLE[m].encodings]
+    return [m for m in methods if pos_emb in METHODS_TABLE[split_method(m)[0]].encodings]
 
 
 def usable(names, pos_emb):
@@ -88,7 +135,7 @@ def usable(names, pos_emb):
 def method_factor(method, length, train_len, factor=None):
     """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else the one
     pinned (`factor`), or its default."""
-    kind = METHODS_TABLE[method].factor
+    kind = METHODS_TABLE[split_method(method)[0]].factor
     if kind is None:
         return None
     if kind == "multiplier":
@@ -101,9 +148,10 @@ def method_factor(method, length, train_len, factor=None):
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
     """The positions.Method of a method over `length` tokens. train_len: the original training length the methods scale
     from (GPTConfig.train_len); run_len: the run's own block_size (a fine-tune's), which crop keeps. factor: pinned
-    instead of method_factor's default; causal: dynamic scaling exact per position."""
-    at = At(method_factor(method, length, train_len, factor), train_len, run_len, length)
-    return Method(causal_dynamic=causal, **METHODS_TABLE[method].positions(at))
+    instead of method_factor's default; causal: dynamic scaling exact per position. method: a name with its settings."""
+    name, given = split_method(method)
+    at = At(method_factor(method, length, train_len, factor), train_len, run_len, length, given)
+    return Method(causal_dynamic=causal, **METHODS_TABLE[name].positions(at))
 
 
 PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")
@@ -129,7 +177,8 @@ def unavailable(config, method, length):
     if not applicable([method], config.pos_emb):
         what = "masks relative positions" if method in MASKS else "rescales RoPE"
         return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
-    if config.pos_emb == "learned" and length > config.block_size and method != "crop":
+    at = At(None, config.train_len, config.block_size, length, {})
+    if config.pos_emb == "learned" and length > config.block_size and "crop" not in METHODS_TABLE[split_method(method)[0]].positions(at):
         return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "
                 f"(no extrapolation): use crop (truncation) or fewer tokens")
     return None

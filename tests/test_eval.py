@@ -14,6 +14,7 @@ from torch.nn import functional as F
 import train
 from data.dataset import load_split
 from eval import compare, extrapolate
+from common import UserError
 from eval.report import PLOT_BINS, extrapolation_table, plotted
 from eval.score import score_sliding, score_windows, sliding_windows
 from runtime import load_run
@@ -478,3 +479,21 @@ def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_wi
     windows = [r for r in report["results"] if r["protocol"] == "windows"]
     assert plotted(windows, None) == ["none", "pi", "ntk", "yarn", "llama3"]  # of the 12 evaluated
     assert plotted(windows, ["logn", "crop"]) == ["logn"]  # crop is the zero line
+
+
+def test_dev_and_test_are_the_even_and_odd_held_out_documents():
+    docs = np.array([[0, 10], [10, 25], [25, 31], [31, 50], [50, 52]])
+    dev, test = extrapolate.held_out(docs, "dev"), extrapolate.held_out(docs, "test")
+    assert dev.tolist() == [[0, 10], [25, 31], [50, 52]] and test.tolist() == [[10, 25], [31, 50]]
+    assert extrapolate.held_out(docs, "all") is docs
+    with pytest.raises(UserError, match="none of them test"):
+        extrapolate.held_out(docs[:1], "test")
+
+
+def test_crop_l_is_crop_before_a_fine_tune_and_leaky_rerope_reports_its_k(rope_run, tmp_path):
+    rep = run(rope_run, tmp_path, "--docs", "dev", "--lengths", "2", "--methods", "none,crop,crop-L,leaky-rerope",
+              "--protocols", "windows")
+    by = {r["method"]: r for r in rep["results"]}
+    assert rep["docs"] == "dev" and by["crop-L"]["per_unit"]["loss"] == by["crop"]["per_unit"]["loss"]  # trained at L: one truncation
+    assert by["leaky-rerope"]["positions"]["leak"] == 4  # 64 tokens, L 32, w 16: 16 + 47 / k <= 31 needs k >= 3.13
+    assert by["leaky-rerope"]["loss"] != by["none"]["loss"]

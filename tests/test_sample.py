@@ -178,7 +178,7 @@ def test_alibi_and_p_rope_runs_sample_far_past_the_training_length(tmp_path):
         assert len(run_sample(run_dir, "--max_new_tokens", str(4 * L), "--method", method)) == 1
     with pytest.raises(SystemExit) as e:
         run_sample(alibi, "--method", "yarn")
-    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, window, sinks, logn"
+    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, window, sinks, logn, crop-L"
 
 
 @pytest.mark.parametrize("argv, message", [
