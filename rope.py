@@ -180,9 +180,8 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
 
 
 class Rotary(NamedTuple):
-    """RoPE for one forward over positions [0, seq_len), shared by every rotating layer: the tables of rope_cos_sin
-    [seq_len, head_dim], or with exact causal dynamic scaling per_query = (inv_freq [seq_len, head_dim/2], attention
-    [head_dim/2]), row t the frequencies for length t + 1."""
+    """RoPE for one forward over positions [0, seq_len), for every rotating layer: rope_cos_sin's tables [seq_len, head_dim]
+    or (exact causal dynamic) per_query = (inv_freq [seq_len, head_dim/2] (row t: length t + 1's), attention [head_dim/2])."""
     cos: torch.Tensor | None
     sin: torch.Tensor | None
     per_query: tuple | None

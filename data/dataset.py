@@ -92,6 +92,16 @@ def load_split(data_dir, split):
     return np.memmap(Path(data_dir) / f"{split}.bin", dtype=np.uint16, mode="r"), np.load(Path(data_dir) / f"{split}_docs.npy")
 
 
+def held_out(docs, which):
+    """The held-out documents [(start, end)] scored: all, or the dev (even-numbered) or test (odd-numbered) half, a split
+    by whole file made once, the same for every run of a corpus (files in name order)."""
+    chosen = {"all": docs, "dev": docs[0::2], "test": docs[1::2]}[which]
+    if not len(chosen):
+        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), none of them {which}; "
+                        "use --docs all, or a corpus with at least 2 held-out documents")
+    return chosen
+
+
 def get_rows(tokens, batch_size, block_size, rng):
     """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing EOTs; len(tokens) > T."""
     ix = rng.integers(0, len(tokens) - block_size, size=batch_size)  # high is exclusive: the last target is the last token

@@ -11,11 +11,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, load_split
+from data.dataset import doc_windows, held_out, load_split
 from eval.report import PLOT_BINS, PLOTTED, PLOTTED_N, extrapolation_plot, extrapolation_table, json_csv, label, write_all
 from eval import methods
-from eval.methods import FIXED, METHODS, forward_args, method_factor, parse_methods, split_method
-from eval.score import bin_edges, mean_stderr, score_sliding, score_windows, sliding_windows
+from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
+from eval.score import score_sliding, score_windows, sliding_windows
+from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
 from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
 from runtime import init_wandb, load_run
 
@@ -73,16 +74,6 @@ def parse_args(argv):
                 plot=None if a.plot == "auto" else parse_methods(a.plot))
 
 
-def held_out(docs, which):
-    """The held-out documents [(start, end)] scored: all, or the dev (even-numbered) or test (odd-numbered) half, a split
-    by whole file made once, the same for every run of a corpus (files in name order)."""
-    chosen = {"all": docs, "dev": docs[0::2], "test": docs[1::2]}[which]
-    if not len(chosen):
-        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), none of them {which}; "
-                        "use --docs all, or a corpus with at least 2 held-out documents")
-    return chosen
-
-
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
     """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2 windows."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
@@ -107,40 +98,6 @@ def window_positions(n, protocol, eval_len, stride):
     if protocol == "sliding":
         return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in sliding_windows(n, eval_len, stride)])
     return np.arange(n)
-
-
-def per_unit(nll, pos, train_len, none, crop):
-    """Per unit: the loss over all its targets and past train_len, and the paired differences to none and crop
-    past train_len (and to none inside it), each None where there are no such targets or no reference."""
-    past, inside = pos >= train_len, pos < train_len
-    def mean(a, where):
-        return None if a is None or not where.any() else a[:, where].mean(axis=1)
-    return dict(loss=nll.mean(axis=1), loss_beyond_train=mean(nll, past),
-                diff_none=mean(None if none is None else nll - none, past),
-                diff_crop=mean(None if crop is None else nll - crop, past),
-                diff_none_inside=mean(None if none is None else nll - none, inside))
-
-
-def summarize(units):
-    """An entry's fields from its per_unit values (None: not scored): means and standard errors over units."""
-    if units is None:
-        return dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr", "per_unit"))
-    out = {}
-    for k, v in units.items():
-        out[k], err = (None, None) if v is None else mean_stderr(v)
-        out["stderr" if k == "loss" else f"{k}_stderr"] = err
-    return dict(out, ppl=math.exp(out["loss"]), ppl_beyond_train=None if out["loss_beyond_train"] is None else
-                math.exp(out["loss_beyond_train"]), per_unit={k: None if v is None else v.round(6).tolist() for k, v in units.items()})
-
-
-def curves(nll, ref, edges, key="loss", err_key="stderr"):
-    """Binned nll by position with its band (standard error over units), and the paired difference to `none`."""
-    def binned(a, key, err_key):
-        per_unit = np.stack([a[:, lo:hi].mean(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
-        err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(per_unit.shape[1])
-        return {key: per_unit.mean(axis=0).round(6).tolist(), err_key: err.round(6).tolist()}
-    return dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), **binned(nll, key, err_key),
-                **({} if ref is None else binned(nll - ref, "diff_none", "diff_none_stderr")))
 
 
 def run_grid(model, tokens, docs, args, train_len):
@@ -193,14 +150,6 @@ def run_grid(model, tokens, docs, args, train_len):
     # each unit's held-out document (the one holding its first token): a study resamples documents, not windows
     unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
     return results, starts, unit_docs, crop_stride
-
-
-def helped_tokens(scored, protocol, eval_len, threshold):
-    """Targets some evaluated method predicts > threshold nats better than crop does: where the long context
-    helped. Not LongPPL's key tokens, which a separate evaluator model selects (docs/methodology.md)."""
-    crop = scored.get((protocol, eval_len, "crop", None))
-    others = [v for (p, T, m, _), v in scored.items() if (p, T) == (protocol, eval_len) and m != "crop" and v is not None]
-    return None if crop is None or not others else np.any([crop - v > threshold for v in others], axis=0)
 
 
 def log_wandb(report, ckpt, png_path):

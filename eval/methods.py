@@ -1,8 +1,6 @@
-"""The position methods every command shares, one entry each in METHODS: the encodings it applies to, how its factor
-defaults, and the positions.Method it builds (docs/methodology.md; adding one: docs/adding_a_method.md). Nothing else in
-the repository decides any of this. `crop` is truncation for every encoding: Method(crop=L), which the scorers and
-generation apply by cutting the input (Method.cropped). Formulas live in rope.py (a rope_scaling dict) and positions.py
-(masks, sinks, merged attention)."""
+"""The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding one:
+docs/adding_a_method.md): nothing else decides where a method applies, its factor or the positions.Method it builds.
+Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, sinks, merged attention, crop's Method.cropped)."""
 import math
 from typing import Callable, NamedTuple
 
@@ -136,13 +134,9 @@ def method_factor(method, length, train_len, factor=None):
     """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else the one
     pinned (`factor`), or its default."""
     kind = METHODS_TABLE[split_method(method)[0]].factor
-    if kind is None:
-        return None
-    if kind == "multiplier":
-        return factor or 1.0
-    if kind == "per pair":  # a list, checked by check_pairs
-        return factor
-    return factor or max(1.0, length / train_len)
+    if kind == "ratio":
+        return factor or max(1.0, length / train_len)
+    return {"multiplier": factor or 1.0, "per pair": factor}.get(kind)  # per pair: a list, checked by check_pairs
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):

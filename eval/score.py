@@ -1,7 +1,5 @@
 """The one shared way to score held-out text token by token (a run loaded by runtime.load_run): every evaluation goes
 through score_rows, so "the loss at position p" means the same thing everywhere."""
-import math
-
 import numpy as np
 import torch
 from torch.nn import functional as F
@@ -55,16 +53,3 @@ def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
            *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, method=method)
              if len(plan) > 1 else [])]
     return np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)])
-
-
-def mean_stderr(per_unit):
-    a = np.asarray(per_unit, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None
-
-
-def bin_edges(eval_len, bins):
-    """Edges of the position bins: ~50 linear bins (2% of the length each), or ~40 log-spaced ones."""
-    if bins == "log":
-        return np.unique(np.round(np.geomspace(1, eval_len, 41)).astype(int)) - 1 if eval_len > 1 else np.array([0, 1])
-    size = max(1, eval_len // 50)
-    return np.arange(0, eval_len // size * size + 1, size)

@@ -24,7 +24,8 @@ from data.dataset import doc_windows, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import mean_stderr, score_rows
+from eval.score import score_rows
+from eval.summary import mean_stderr
 from runtime import load_run
 from common import (UserError, claim_output, command_parser, unique_runs, json_text, parse_number, parse_list,
                     run_cli, run_home, shared_values)

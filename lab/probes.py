@@ -20,7 +20,8 @@ from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pair
                           parse_pairs, unavailable, usable)
 from lab.stats import RETRIEVES
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import bin_edges, mean_stderr, score_rows
+from eval.score import score_rows
+from eval.summary import bin_edges, mean_stderr
 from positions import visible
 from lab.bound import first_negative
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row

@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 import train
-from data.dataset import load_split
+from data.dataset import held_out, load_split
 from eval import compare, extrapolate
 from common import UserError
 from eval.report import PLOT_BINS, extrapolation_table, plotted
@@ -483,11 +483,11 @@ def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_wi
 
 def test_dev_and_test_are_the_even_and_odd_held_out_documents():
     docs = np.array([[0, 10], [10, 25], [25, 31], [31, 50], [50, 52]])
-    dev, test = extrapolate.held_out(docs, "dev"), extrapolate.held_out(docs, "test")
+    dev, test = held_out(docs, "dev"), held_out(docs, "test")
     assert dev.tolist() == [[0, 10], [25, 31], [50, 52]] and test.tolist() == [[10, 25], [31, 50]]
-    assert extrapolate.held_out(docs, "all") is docs
+    assert held_out(docs, "all") is docs
     with pytest.raises(UserError, match="none of them test"):
-        extrapolate.held_out(docs[:1], "test")
+        held_out(docs[:1], "test")
 
 
 def test_crop_l_is_crop_before_a_fine_tune_and_leaky_rerope_reports_its_k(rope_run, tmp_path):
