@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from eval.report import load_report, png, pyplot, write_all
 from lab.stats import LEVEL
 from lab.study import declare, decide, paired, past_l, same_options, shared_docs
-from runtime import ROOT, UserError, claim_output, command_parser, json_text, number, run_cli
+from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli
 
 LENGTHS = (2, 4)
 MARGIN = 0.01
@@ -206,7 +206,7 @@ def main(argv):
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     a = p.parse_args(argv)
-    rungs, seeds = [Path(r) for r in a.rungs], number(a.seeds, "seeds", int, 1)
+    rungs, seeds = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1)
     for rung in rungs:
         for k in range(seeds):
             for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from eval.methods import METHODS
 from lab.stats import LEVEL, both, blocks, documents, interval, ratio_interval, replicates, seed_test
-from runtime import ROOT, UserError, claim_output, command_parser, init_wandb, json_text, load_checkpoint, number, run_cli, shared_values
+from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values
+from runtime import init_wandb, load_checkpoint
 from config import load_config
 
 METRICS = ("loss", "loss_beyond_train", "diff_none", "diff_crop", "diff_none_inside")
@@ -544,11 +545,11 @@ def parse_args(argv):
             ("rate_margin", str(RATE_MARGIN), "equivalence margin of a probe-rate contrast (top-1)")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
-    args = dict(shared_values(a), configs=a.configs, seeds=number(a.seeds, "seeds", int, 1),
+    args = dict(shared_values(a), configs=a.configs, seeds=parse_number(a.seeds, "seeds", int, 1),
                 train_args=shlex.split(a.train_args), eval_args=shlex.split(a.eval_args),
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
                 control=a.control and Path(a.control).stem, ceiling=a.ceiling and Path(a.ceiling).stem, contrasts=parse_contrasts(a.contrasts),
-                margin=number(a.margin, "margin", float, 0), rate_margin=number(a.rate_margin, "rate_margin", float, 0))
+                margin=parse_number(a.margin, "margin", float, 0), rate_margin=parse_number(a.rate_margin, "rate_margin", float, 0))
     if clash := same_names(a.configs):
         raise UserError(f"configs {', '.join(clash)} share the name {Path(clash[0]).stem!r}, which names their runs "
                         "(<out>/<name>_seed<k>) and their rows: give each config once, under distinct file names")

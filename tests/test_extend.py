@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from eval.methods import forward_args, self_extend_group, unavailable
-from model import GPT, GPTConfig, KVCache, Method, far_positions, merged_attention
+from model import GPT, GPTConfig, KVCache
+from positions import Method, far_positions, merged_attention
 from rope import apply_rope, default_inv_freq, rope_cos_sin
 
 
@@ -131,7 +132,7 @@ def test_leaky_k_is_the_smallest_that_keeps_every_distance_inside_the_trained_on
 
 def test_method_settings_reach_the_forward_and_bad_ones_are_one_line_errors():
     from eval.methods import parse_methods
-    from runtime import UserError
+    from common import UserError
     assert forward_args("self-extend:window=16:group=3", 256, 64, 64) == Method(extend=(16, 3))
     assert forward_args("rerope:window=48", 256, 64, 64) == Method(extend=(48, None))
     assert forward_args("yarn:beta_fast=4:beta_slow=0.5", 256, 64, 64).rope_scaling == {

@@ -142,7 +142,7 @@ def test_a_fine_tuned_run_samples_with_the_methods_the_evaluation_scores(tmp_pat
     run_sample(run_dir, "--max_new_tokens", str(8 * L - 1), "--method", "yarn")  # EOT + 127 new = 8 L
     expected = forward_args("yarn", 8 * L, L, 4 * L)
     assert expected.rope_scaling == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L}
-    assert f"method yarn: {expected.given()}" in capsys.readouterr().err
+    assert f"method yarn: {expected.settings()}" in capsys.readouterr().err
 
 
 def test_auto_factor_covers_the_whole_sample(tmp_path, capsys):

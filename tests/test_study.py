@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lab import stats, study
-from runtime import ROOT
+from common import ROOT
 
 
 
