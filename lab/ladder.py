@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from eval.report import load_report, png, pyplot, write_all
 from lab.stats import LEVEL
-from lab.study import declare, decide, paired, past_l, same_options, shared_docs
+from lab.family import decide, declare, paired, past_l, same_options, shared_docs
 from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli
 
 LENGTHS = (2, 4)
