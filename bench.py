@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from runtime import UserError, autocast, number, peak_flops, pick_device, run_cli
+from common import UserError, parse_number, pick_device, run_cli
+from runtime import autocast, peak_flops
 from config import load_config, model_config
 
 OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
@@ -35,10 +36,10 @@ def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
 def bench(argv):
     extra = {a.split("=")[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith(OPTIONS)}
     if "nanogpt" in extra:
-        return versus_nanogpt(Path(extra["nanogpt"]), number(extra.get("steps", "15"), "steps", int, 1))
+        return versus_nanogpt(Path(extra["nanogpt"]), parse_number(extra.get("steps", "15"), "steps", int, 1))
     config = load_config([a for a in argv if not a.startswith(OPTIONS)])
-    vocab_size = number(extra.get("vocab_size", "2048"), "vocab_size", int, 1)
-    steps = number(extra.get("steps", "20"), "steps", int, 1)
+    vocab_size = parse_number(extra.get("vocab_size", "2048"), "vocab_size", int, 1)
+    steps = parse_number(extra.get("steps", "20"), "steps", int, 1)
     device = pick_device(config["device"])
     device_type = device.split(":")[0]
     dtype, ctx = autocast(config["dtype"], device_type)

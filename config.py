@@ -1,12 +1,15 @@
-"""A run's config: the defaults, then config files (plain assignments) and --key=value, each checked (train, bench, study)."""
+"""The boundary: a run's config (the defaults, then config files of plain assignments and --key=value), its model keys and
+a rope_scaling dict, each checked once here, where they come in; model.py and rope.py trust what passes."""
 import ast
 import math
+import numbers
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
-from model import GPTConfig
-from runtime import UserError, gpt_config
+from common import UserError
+from model import POS_EMBS, GPTConfig
+from rope import COMMON_KEYS, LAYOUTS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
 
 # vocab_size comes from the data, train_len from the checkpoint a run fine-tunes (train.py): neither is a config key
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "train_len"))
@@ -98,3 +101,117 @@ def load_config(argv):
 
 def model_config(config, vocab_size, train_len=None):
     return gpt_config(dict(vocab_size=vocab_size, train_len=train_len, **{k: config[k] for k in MODEL_KEYS}))
+
+
+# ----------------------------------------------------------------------------- model keys and rope_scaling
+
+def gpt_config(args):
+    """GPTConfig(**args) once its keys are checked (a config, a checkpoint's model_args): a bad one is a UserError."""
+    config = GPTConfig(**args)
+    check_model(config)
+    return config
+
+
+def check_model(c):
+    head_dim = c.n_embd // max(c.n_head, 1)
+    small = [f"{k}={getattr(c, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(c, k) < 1]
+    if small:
+        raise UserError(f"{', '.join(small)}: model sizes must be >= 1")
+    if not 0 <= c.dropout < 1:
+        raise UserError(f"dropout={c.dropout!r} is not allowed; use 0 <= dropout < 1")
+    if not c.rope_base > 1:
+        raise UserError(f"rope_base={c.rope_base!r} is not allowed; use a base > 1")
+    for key, allowed in (("pos_emb", POS_EMBS), ("rope_layout", LAYOUTS)):
+        if getattr(c, key) not in allowed:
+            raise UserError(f"unknown {key} {getattr(c, key)!r}; allowed: {', '.join(allowed)}")
+    if c.n_embd % c.n_head:
+        raise UserError(f"n_embd={c.n_embd} is not divisible by n_head={c.n_head}")
+    if c.pos_emb == "rope" and head_dim % 2:
+        raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {head_dim}")
+    if c.pos_emb == "alibi" and c.rope_scaling is not None:
+        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to scale")
+    if c.rope_fraction is not None and c.pos_emb != "rope":
+        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {c.pos_emb!r}")
+    for key in ("nope_every", "rope_window"):
+        if (value := getattr(c, key)) is not None and (type(value) is not int or value < 1):
+            raise UserError(f"{key} must be an integer >= 1 (or None), got {value!r}")
+        if value is not None and c.pos_emb != "rope":
+            raise UserError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
+                            f"pos_emb='rope', not {c.pos_emb!r}")
+    if c.pos_emb == "rope" and c.rope_fraction is not None:  # p-RoPE: a share of the pairs that rotates at least one
+        if not (is_number(c.rope_fraction) and 0 < c.rope_fraction <= 1):
+            raise UserError(f"rope_fraction must be a number in (0, 1] (or None: every pair rotates), got {c.rope_fraction!r}")
+        if round(c.rope_fraction * (head_dim // 2)) < 1:
+            raise UserError(f"rope_fraction={c.rope_fraction!r} rotates round({c.rope_fraction!r} * {head_dim // 2}) = 0 of "
+                            f"the {head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or pos_emb='none')")
+    if not isinstance(c.rope_scaling, (dict, type(None))):
+        raise UserError(f"rope_scaling must be a dict or None, got {c.rope_scaling!r}; e.g. {EXAMPLE}")
+    check_scaling(complete_scaling(None, c.rope_scaling, c.block_size), head_dim)
+
+
+def is_number(x):
+    # True is an int to Python, NaN slips past `x < 1` checks, inf leaves no frequency: none is a setting
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+EXAMPLE = {"rope_type": "yarn", "factor": 4.0, ORIGINAL: 256}
+
+
+def check_scaling(scaling, head_dim=None):
+    """Check a rope_scaling dict where it comes in (a config, a command's options); returns (rope_type, factor). With
+    head_dim also the rotary dimension and longrope's lists. A UserError names what is wrong."""
+    if scaling is None:
+        return "default", 1.0
+    if not isinstance(scaling, dict):
+        raise UserError(f"rope_scaling must be a dict or None, got {scaling!r}; e.g. {EXAMPLE}")
+    rope_type = scaling_type(scaling)
+    if rope_type not in ROPE_TYPES:
+        raise UserError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
+    kind, get = ROPE_TYPES[rope_type], scaling.get
+    if unknown := [key for key in scaling if key not in COMMON_KEYS + kind.keys]:
+        # transformers warns and ignores it: a key ignored is a silent wrong number
+        raise UserError(f"rope_scaling key {unknown[0]!r} is not one rope_type {rope_type!r} uses; "
+                        f"allowed: {', '.join(COMMON_KEYS + kind.keys)}")
+    if "factor" in kind.required and "factor" not in scaling:
+        raise UserError(f"rope_type {rope_type!r} needs 'factor'")  # transformers: a missing required key
+    factor = get("factor", 1.0)
+    if not is_number(factor) or factor < 1:
+        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}")
+    if (theta := get("rope_theta")) is not None and not (is_number(theta) and theta > 1):
+        raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
+    if (attention := get("attention_factor")) is not None and not (is_number(attention) and attention > 0):
+        raise UserError(f"attention_factor must be a number > 0, got {attention!r}")
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"):  # None: transformers' default
+        value, flag = get(key), key == "truncate"  # YaRN's ramp bounds: whole pairs (True) or exact
+        if value is not None and not (isinstance(value, bool) if flag else is_number(value)):
+            raise UserError(f"{key} must be {'True or False' if flag else 'a number'}, got {value!r}")
+    for key in ("beta_fast", "beta_slow"):  # a number of rotations over L: its log is taken
+        if get(key) is not None and not scaling[key] > 0:
+            raise UserError(f"{key} must be a number > 0 (rotations over the original length), got {scaling[key]!r}")
+    for key in ("mscale", "mscale_all_dim"):  # below 0 the attention temperature can turn negative: logits flipped
+        if get(key) is not None and not scaling[key] >= 0:
+            raise UserError(f"{key} must be a number >= 0, got {scaling[key]!r}")
+    original = get(ORIGINAL)
+    if ORIGINAL in kind.required and original is None:
+        raise UserError(f"rope_type {rope_type!r} needs '{ORIGINAL}' (the training length)")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, numbers.Integral) or original < 1):
+        raise UserError(f"{ORIGINAL} must be an integer >= 1 (the training length), got {original!r}")
+    low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)
+    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: equal
+        raise UserError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
+                        f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
+    if rope_type == "longrope" and "factor" not in scaling and attention is None:
+        raise UserError(f"longrope needs 'factor' (its attention factor's s: config.json's max_position_embeddings / "
+                        f"{ORIGINAL}) or 'attention_factor'")
+    partial = get("partial_rotary_factor", 1.0)
+    if not (is_number(partial) and 0 < partial <= 1):
+        raise UserError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
+    dim = int(head_dim * partial) if head_dim else None
+    if dim is not None and not kind.whole_head and (dim < 2 or dim % 2):
+        raise UserError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, odd or 0")
+    for key in ("short_factor", "long_factor") if rope_type == "longrope" else ():
+        values, n = get(key), dim // 2 if dim else "rotary dim / 2"
+        if not (isinstance(values, (list, tuple)) and all(is_number(v) and v > 0 for v in values)
+                and len(values) == (n if dim else len(values))):
+            raise UserError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got {str(values)[:50]}")
+    return rope_type, float(factor)

@@ -1,31 +1,21 @@
 """
-Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
-
-Scaling is a Hugging Face style dict (`transformers`' `config.rope_scaling`, or its v5 `config.rope_parameters`),
-e.g. {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics.
-Every type takes COMMON_KEYS: "rope_type" (legacy "type"), "rope_theta" (v5: the base), the training length
-"original_max_position_embeddings" (a config fills in its block_size) and "partial_rotary_factor" p: only the rotary
-dim d' = int(p * d) rotates, at base^(-2i/d'); the other pairs get frequency 0 (`interleaved`: the first d' channels,
-as GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2), GPT-NeoX's first d' up to a fixed channel permutation). A type also
-takes the keys transformers' rope utilities read for it (KEYS); any other key is an error (transformers only warns).
-The attention factor multiplies cos and sin of the rotary dims, as in `transformers`, so their logits get its square;
-NTK-by-parts is YaRN without it ("attention_factor": 1.0). References: PI (Chen et al. 2023), NTK-aware (bloc97 2023),
-YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE (rotating_pairs: Barbero et al.,
-"Round and Round We Go! What makes Rotary Positional Encodings useful?", 2024), proportional RoPE (Gemma 4).
+Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation. Scaling is a
+Hugging Face style dict (transformers' `rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type": "yarn", "factor":
+8.0, "original_max_position_embeddings": 256}, with transformers' numerics; ROPE_TYPES holds each type's function and
+keys (config.check_scaling refuses any other key: transformers only warns). "partial_rotary_factor" p rotates the
+rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at frequency 0 (`interleaved`: the first d' channels, as
+GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2)). The attention factor multiplies cos and sin of the rotary dims, so
+logits get its square. References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE
+(Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE (Barbero et al. 2024, "Round and Round We Go!"), Gemma 4's proportional.
 """
 import math
-import numbers
+from typing import Callable, NamedTuple
 
 import torch
 
-COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
-KEYS = {"default": (), "linear": ("factor",), "ntk": ("factor",), "dynamic": ("factor",),  # and COMMON_KEYS
-        "yarn": ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
-        "longrope": ("short_factor", "long_factor", "factor", "attention_factor"),
-        "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "proportional": ("factor",)}
-ROPE_TYPES = tuple(KEYS)  # "ntk" is this repo's static NTK-aware, not a transformers type
+ORIGINAL = "original_max_position_embeddings"
+COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", ORIGINAL)
 LAYOUTS = ("half", "interleaved")
-EXAMPLE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
 
 
 def default_inv_freq(dim, base):
@@ -98,9 +88,56 @@ def llama3_inv_freq(dim, base, factor, original_len, low_freq_factor=1.0, high_f
     return torch.where(wavelen < original_len / high_freq_factor, inv_freq, scaled)
 
 
-def is_number(x):
-    # True is an int to Python, NaN slips past `x < 1` checks, inf leaves no frequency: none is a setting
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+# ----------------------------------------------------------------------------- one entry per rope type
+
+def factor_of(scaling):
+    return float(scaling.get("factor", 1.0))
+
+
+def longrope(dim, base, scaling, seq_len):
+    # temperature sqrt(1 + ln s / ln L), s: "factor" (transformers' else: max_pos / L); an explicit one wins
+    s, original_len = factor_of(scaling), scaling[ORIGINAL]
+    temperature = math.sqrt(1 + math.log(s) / math.log(original_len)) if s > 1 else 1.0
+    return (longrope_inv_freq(dim, base, scaling["short_factor"], scaling["long_factor"], original_len, seq_len),
+            scaling.get("attention_factor") or temperature)
+
+
+def yarn(dim, base, scaling, seq_len):
+    # "attention_factor": 1.0 makes it NTK-by-parts (no temperature); a missing one falls back to YaRN's temperature
+    s = factor_of(scaling)
+    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], scaling.get("beta_fast") or 32.0,
+                             scaling.get("beta_slow") or 1.0, scaling.get("truncate", True))
+    return inv_freq, scaling.get("attention_factor") or yarn_attention_factor(s, scaling.get("mscale"),
+                                                                               scaling.get("mscale_all_dim"))
+
+
+class RopeType(NamedTuple):
+    """A rope type's facts: init(dim, base, scaling, seq_len) -> (inv_freq over dim, attention factor); the keys it
+    reads beyond COMMON_KEYS (transformers' rope utilities read the same); those it cannot do without; whether its
+    frequencies follow the length of the forward; whether it runs over the whole head (Gemma 4's proportional)."""
+    init: Callable
+    keys: tuple = ()
+    required: tuple = ()
+    follows_length: bool = False
+    whole_head: bool = False
+
+
+ROPE_TYPES = {  # "ntk" is this repo's static NTK-aware, not a transformers type
+    "default": RopeType(lambda d, b, s, n: (default_inv_freq(d, b), 1.0)),
+    "linear": RopeType(lambda d, b, s, n: (linear_inv_freq(d, b, factor_of(s)), 1.0), ("factor",), ("factor",)),
+    "ntk": RopeType(lambda d, b, s, n: (ntk_inv_freq(d, b, factor_of(s)), 1.0), ("factor",), ("factor",)),
+    "dynamic": RopeType(lambda d, b, s, n: (dynamic_inv_freq(d, b, factor_of(s), s[ORIGINAL], n), 1.0),
+                        ("factor",), ("factor", ORIGINAL), follows_length=True),
+    "yarn": RopeType(yarn, ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                            "truncate"), ("factor", ORIGINAL)),
+    "longrope": RopeType(longrope, ("short_factor", "long_factor", "factor", "attention_factor"), (ORIGINAL,),
+                         follows_length=True),
+    "llama3": RopeType(lambda d, b, s, n: (llama3_inv_freq(d, b, factor_of(s), s[ORIGINAL], s.get("low_freq_factor", 1.0),
+                                                           s.get("high_freq_factor", 4.0)), 1.0),
+                       ("factor", "low_freq_factor", "high_freq_factor"), ("factor", ORIGINAL)),
+    # Gemma 4: int(p * d // 2) pairs at the whole head's frequencies, then PI
+    "proportional": RopeType(lambda d, b, s, n: (linear_inv_freq(d, b, factor_of(s)), 1.0), ("factor",), whole_head=True),
+}
 
 
 def scaling_type(scaling):
@@ -108,144 +145,58 @@ def scaling_type(scaling):
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
 
 
-def check_scaling(scaling, head_dim=None):
-    """Validate a rope_scaling dict (at the boundary: a config, a command's options); returns (rope_type,
-    factor). With head_dim also the rotary dimension and longrope's lists. Raises ValueError naming what is wrong."""
-    if scaling is None:
-        return "default", 1.0
-    if not isinstance(scaling, dict):
-        raise ValueError(f"rope_scaling must be a dict or None, got {scaling!r}; e.g. {EXAMPLE}")
-    rope_type = scaling_type(scaling)
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
-    unknown = [key for key in scaling if key not in COMMON_KEYS + KEYS[rope_type]]
-    if unknown:  # transformers warns and ignores it: a key ignored is a silent wrong number
-        raise ValueError(f"rope_scaling key {unknown[0]!r} is not one rope_type {rope_type!r} uses; "
-                         f"allowed: {', '.join(COMMON_KEYS + KEYS[rope_type])}")
-    if rope_type in ("linear", "ntk", "dynamic", "yarn", "llama3") and "factor" not in scaling:
-        raise ValueError(f"rope_type {rope_type!r} needs 'factor'")  # transformers: a missing required key
-    factor = scaling.get("factor", 1.0)
-    if not is_number(factor) or factor < 1:
-        raise ValueError(f"rope_scaling factor must be a number >= 1, got {factor!r}")
-    theta = scaling.get("rope_theta")
-    if theta is not None and not (is_number(theta) and theta > 1):
-        raise ValueError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
-    attention = scaling.get("attention_factor")
-    if attention is not None and not (is_number(attention) and attention > 0):
-        raise ValueError(f"attention_factor must be a number > 0, got {attention!r}")
-    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"):  # None: transformers' default
-        value, flag = scaling.get(key), key == "truncate"  # YaRN's ramp bounds: whole pairs (True) or exact
-        if value is not None and not (isinstance(value, bool) if flag else is_number(value)):
-            raise ValueError(f"{key} must be {'True or False' if flag else 'a number'}, got {value!r}")
-    for key in ("beta_fast", "beta_slow"):  # a number of rotations over L: its log is taken
-        if scaling.get(key) is not None and not scaling[key] > 0:
-            raise ValueError(f"{key} must be a number > 0 (rotations over the original length), got {scaling[key]!r}")
-    for key in ("mscale", "mscale_all_dim"):  # below 0 the attention temperature can turn negative: logits flipped
-        if scaling.get(key) is not None and not scaling[key] >= 0:
-            raise ValueError(f"{key} must be a number >= 0, got {scaling[key]!r}")
-    original = scaling.get("original_max_position_embeddings")
-    if rope_type in ("dynamic", "yarn", "longrope", "llama3") and original is None:
-        raise ValueError(f"rope_type {rope_type!r} needs 'original_max_position_embeddings' (the training length)")
-    if original is not None and (isinstance(original, bool) or not isinstance(original, numbers.Integral) or original < 1):
-        raise ValueError(f"original_max_position_embeddings must be an integer >= 1 (the training length), got {original!r}")
-    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: equal
-        raise ValueError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
-                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
-    if rope_type == "longrope" and "factor" not in scaling and attention is None:
-        raise ValueError("longrope needs 'factor' (its attention factor's s: config.json's max_position_embeddings / "
-                         "original_max_position_embeddings) or 'attention_factor'")
-    partial = scaling.get("partial_rotary_factor", 1.0)
-    if not (is_number(partial) and 0 < partial <= 1):
-        raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
-    dim = int(head_dim * partial) if head_dim else None
-    if dim is not None and rope_type != "proportional" and (dim < 2 or dim % 2):
-        raise ValueError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, odd or 0")
-    for key in ("short_factor", "long_factor") if rope_type == "longrope" else ():
-        values, n = scaling.get(key), dim // 2 if dim else "rotary dim / 2"
-        if not (isinstance(values, (list, tuple)) and all(is_number(v) and v > 0 for v in values)
-                and len(values) == (n if dim else len(values))):
-            raise ValueError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got {str(values)[:50]}")
-    return rope_type, float(factor)
+def complete_scaling(scaling, trained, block_size):
+    """The dict a forward uses: `scaling` (None: the trained one) whose original length defaults to block_size, as in
+    transformers, and whose rope_theta and partial_rotary_factor (the model's, not a scaling's: v5 keeps them in the
+    dict) default to the trained dict's. None stays None."""
+    own = {k: trained[k] for k in ("rope_theta", "partial_rotary_factor") if k in (trained or {})}
+    scaling = scaling or trained
+    return None if scaling is None else {ORIGINAL: block_size, **own, **scaling}
 
 
 def rotating_pairs(head_dim, fraction):
     """p-RoPE (Barbero et al. 2024): how many of the head_dim / 2 pairs rotate, round(fraction * head_dim / 2)
     (Python's round), the highest frequencies; None is plain RoPE, every pair."""
-    if fraction is None:
-        return head_dim // 2
-    if not (is_number(fraction) and 0 < fraction <= 1):
-        raise ValueError(f"rope_fraction must be a number in (0, 1] (or None: every pair rotates), got {fraction!r}")
-    n = round(fraction * (head_dim // 2))
-    if n < 1:
-        raise ValueError(f"rope_fraction={fraction!r} rotates round({fraction!r} * {head_dim // 2}) = 0 of the "
-                         f"{head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or pos_emb='none')")
-    return n
-
-
-def trained_freq(head_dim, base, fraction=None):
-    """The frequencies a model trains with (float64); fraction (p-RoPE): only the highest pairs rotate, the others 0."""
-    inv_freq = default_inv_freq(head_dim, base)
-    inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return inv_freq
-
-
-def bound_curve(inv_freq, max_len, start=0):
-    """B_m = sum_i cos(m theta_i) for m = start .. max_len (float64), of any frequencies: a scaling method's too."""
-    # B_m < 0: attention no longer prefers a key similar to the query at distance m (docs/methodology.md, base bound)
-    return torch.cos(torch.arange(start, max_len + 1, dtype=torch.float64)[:, None] * inv_freq.double()).sum(-1)
-
-
-def first_negative(inv_freq, max_len):
-    """The first distance m in 1 .. max_len with B_m < 0, or None. In doubling chunks: most bases of a scan fail early."""
-    start, size = 1, 256
-    while start <= max_len:
-        negative = (bound_curve(inv_freq, min(start + size - 1, max_len), start) < 0).nonzero()
-        if len(negative):
-            return start + int(negative[0])
-        start, size = start + size, 2 * size
+    return head_dim // 2 if fraction is None else round(fraction * (head_dim // 2))
 
 
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
-    """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict.
-    seq_len is the length of the sequence being processed; `dynamic` and `longrope` use it. A "rope_theta" in the dict
-    (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating pairs (None: all); with a
-    partial_rotary_factor too, a pair rotates only if both let it. The dict is trusted: check_scaling validates it."""
+    """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict (checked where it came in:
+    config.check_scaling). seq_len is the length of the sequence being processed (the types that follow it use it).
+    A "rope_theta" in the dict (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating
+    pairs (None: all); with a partial_rotary_factor too, a pair rotates only if both let it."""
     scaling = scaling or {}
-    rope_type, factor = scaling_type(scaling), float(scaling.get("factor", 1.0))
-    base, partial = scaling.get("rope_theta") or base, scaling.get("partial_rotary_factor", 1.0)
+    kind = ROPE_TYPES[scaling_type(scaling)]
     # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it, not head_dim
-    dim, original_len = int(head_dim * partial), scaling.get("original_max_position_embeddings")
-    attention_factor = 1.0
-    if rope_type == "default":
-        inv_freq = default_inv_freq(dim, base)
-    elif rope_type == "linear":
-        inv_freq = linear_inv_freq(dim, base, factor)
-    elif rope_type == "ntk":
-        inv_freq = ntk_inv_freq(dim, base, factor)
-    elif rope_type == "dynamic":
-        inv_freq = dynamic_inv_freq(dim, base, factor, original_len, seq_len)
-    elif rope_type == "llama3":
-        inv_freq = llama3_inv_freq(dim, base, factor, original_len,
-                                   scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0))
-    elif rope_type == "longrope":  # temperature sqrt(1 + ln s / ln L), s: "factor" (transformers' else: max_pos / L)
-        inv_freq = longrope_inv_freq(dim, base, scaling["short_factor"], scaling["long_factor"], original_len, seq_len)
-        temperature = math.sqrt(1 + math.log(factor) / math.log(original_len)) if factor > 1 else 1.0
-        attention_factor = scaling.get("attention_factor") or temperature
-    elif rope_type == "proportional":  # Gemma 4: int(p * d // 2) pairs at the full head's frequencies, then PI
-        inv_freq = linear_inv_freq(head_dim, base, factor)
-        inv_freq[int(partial * head_dim // 2):] = 0
-    else:  # yarn; "attention_factor": 1.0 makes it NTK-by-parts (no temperature)
-        inv_freq = yarn_inv_freq(dim, base, factor, original_len, scaling.get("beta_fast") or 32.0,
-                                 scaling.get("beta_slow") or 1.0, scaling.get("truncate", True))
-        # validated > 0 when given, so only a missing one falls back to YaRN's temperature
-        attention_factor = scaling.get("attention_factor") or yarn_attention_factor(
-            factor, scaling.get("mscale"), scaling.get("mscale_all_dim"))
+    rotary = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
+    inv_freq, attention_factor = kind.init(head_dim if kind.whole_head else rotary, scaling.get("rope_theta") or base,
+                                           scaling, seq_len)
     # pairs past the rotary dim pass through (frequency 0); p-RoPE: scaled as full RoPE, then the lowest pairs set to 0
     # (no position to scale there), which keep YaRN's temperature (the whole logit's; see pair_attention)
     inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - len(inv_freq))))
+    inv_freq[rotary // 2:] = 0
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
     return inv_freq.float(), float(attention_factor)
+
+
+class Rotary(NamedTuple):
+    """RoPE for one forward over positions [0, seq_len), for every rotating layer: rope_cos_sin's tables [seq_len, head_dim]
+    or (exact causal dynamic) per_query = (inv_freq [seq_len, head_dim/2] (row t: length t + 1's), attention [head_dim/2])."""
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    per_query: tuple | None
+
+
+def rotary(head_dim, base, fraction, layout, scaling, seq_len, causal_dynamic, device):
+    """The Rotary of a completed scaling dict (complete_scaling; None: plain RoPE) over seq_len tokens."""
+    if causal_dynamic:
+        freqs = [rope_frequencies(head_dim, base, scaling, n, fraction) for n in range(1, seq_len + 1)]
+        attention = pair_attention(head_dim, scaling, freqs[-1][1])
+        return Rotary(None, None, (torch.stack([f for f, _ in freqs]).to(device), attention.to(device)))
+    inv_freq, attention_factor = rope_frequencies(head_dim, base, scaling, seq_len, fraction)
+    attention = pair_attention(head_dim, scaling, attention_factor)
+    cos, sin = rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention.to(device), layout)
+    return Rotary(cos, sin, None)
 
 
 def pair_attention(head_dim, scaling, attention_factor):

@@ -1,221 +1,23 @@
-"""What every command needs around the model: CLI helpers, device and dtype, where data lives, atomic writes
-and checkpoints. Shared by train.py, bench.py, sample.py and eval/; no training loop, no model code."""
-import argparse
-import atexit
+"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, checkpoints and the run
+folder a training writes. The torch-free helpers (errors, CLI, locks, atomic writes) are common.py's."""
+import importlib
 import json
-import math
 import os
-import sys
-from contextlib import nullcontext, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
+from common import UserError, claim_output, data_dir, release_outputs, write_atomic
+from data.dataset import builtin, load_meta, load_split
+from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
+from rope import ORIGINAL, ROPE_TYPES, scaling_type
 
-ROOT = Path(__file__).resolve().parent
-OOM_HINT = {"train.py": "lower --batch_size (and raise --gradient_accumulation_steps to keep the tokens per iteration), "
-                         "--block_size or the model size",
-            "sample.py": "lower --num_samples or --max_new_tokens",
-            "extrapolate.py": "lower --lengths (the longest window is one forward) or --tokens"}
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
-
-
-class UserError(ValueError):
-    """Bad input from the user (an option, a config, a file): run_cli prints it as one line. A bug keeps its traceback."""
-
-
-def run_cli(prog, fn, *args):
-    """fn(*args), with an expected failure (UserError, OSError) as `prog: error: <one line>`, exit 1; Ctrl-C as
-    `prog: interrupted <where>`, exit 130; any other exception is a bug and keeps its traceback. The output folders
-    it claimed are released whatever happens."""
-    try:
-        return fn(*args)
-    except (UserError, OSError) as e:
-        sys.exit(f"{prog}: error: {' '.join(str(e).split())}")
-    except KeyboardInterrupt as e:  # what the command was doing, if it said (train.py: the iteration and how to resume)
-        print(f"{prog}: interrupted{' ' + str(e) if str(e) else ''}", file=sys.stderr)
-        sys.exit(130)
-    except (MemoryError, RuntimeError) as e:  # torch's allocators raise RuntimeErrors; any other RuntimeError is a bug
-        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
-            raise
-        sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
-    finally:
-        release_outputs()
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # a ValueError, for run_cli's one line (argparse's own error takes two, with the usage)
-        raise UserError(message)
-
-
-def command_parser(doc, *shared, out=None, seed=0, wandb_log=None):
-    """An argparse parser whose errors are run_cli's one line, with the options commands share (named in shared), one
-    meaning each in every command: run_dir, a run folder; --out, the folder the results go into (default: out, else
-    the run folder, else required); --device; --seed; --wandb_log true|false (default: wandb_log; None, the run's own)
-    and --no-wandb, its short form. shared_values gives their values."""
-    p = _Parser(description=doc.split("\n\n")[0].strip())
-    if "run_dir" in shared:
-        p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
-    if "out" in shared:
-        required = out is None and "run_dir" not in shared
-        p.add_argument("--out", default=out, required=required, help="the folder the results are written into"
-                       + ("" if required else f" (default {out or 'RUN_DIR'})"))
-    if "device" in shared:
-        p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
-    if "seed" in shared:
-        p.add_argument("--seed", default=str(seed), help=f"seed of the random choices (default {seed})")
-    if "wandb" in shared:
-        p.add_argument("--wandb_log", default=wandb_log,
-                       help=f"log to wandb: true | false (default {wandb_log or 'as the run'})")
-        p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="--wandb_log false")
-    return p
-
-
-def shared_values(a):
-    """The shared options of a command_parser's parsed namespace a as values: run_dir and out as Paths (out: the run
-    folder if not given), the device picked, the seed an integer >= 0, wandb_log None (the run's own), True or False."""
-    if getattr(a, "out", None) is not None and not a.out.strip():  # "" is the current folder, which nobody means
-        raise UserError("--out is empty; name the folder to write into")
-    if getattr(a, "wandb_log", None) is not None and a.wandb_log.lower() not in ("true", "false"):
-        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
-    values = dict(run_dir=lambda: Path(a.run_dir), out=lambda: run_home(a.run_dir) if a.out is None else Path(a.out),
-                  device=lambda: pick_device(a.device), seed=lambda: number(a.seed, "seed", int, 0),
-                  wandb_log=lambda: None if a.wandb_log is None else a.wandb_log.lower() == "true")
-    return {k: value() for k, value in values.items() if k in a}
-
-
-def parse_list(text, name, convert, allowed=None):
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise UserError(f"--{name} is empty")
-    if allowed and (bad := [t for t in items if t not in allowed]):
-        raise UserError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
-    try:
-        values = list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
-    except ValueError:
-        raise UserError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
-    if bad := [t for t, v in zip(items, map(convert, items)) if isinstance(v, float) and not math.isfinite(v)]:
-        raise UserError(f"--{name} {text!r}: {', '.join(bad)} is not a finite number")  # inf and nan pass range checks
-    return values
-
-
-def number(text, name, convert, minimum):
-    try:
-        value = convert(text)
-    except ValueError:
-        raise UserError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
-    if not math.isfinite(value):  # inf passes `>= minimum`
-        raise UserError(f"--{name} {text!r} is not a finite number; use a number >= {minimum}")
-    if not value >= minimum:  # also catches nan
-        raise UserError(f"--{name} must be >= {minimum}, got {text}")
-    return value
-
-
-def finite(obj):
-    """obj with every non-finite float as None, for strict JSON (Infinity and NaN are not JSON; strict parsers refuse them)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
-
-
-def json_text(obj, indent=None):
-    """Strict JSON of obj: what every file the project writes holds (a non-finite number as null)."""
-    return json.dumps(finite(obj), indent=indent, allow_nan=False)
-
-
-def distinct(paths, what):
-    """paths, refused if one is given twice (the same run, however written): its data would count twice."""
-    seen = {}
-    for p in paths:
-        if (key := run_home(p).resolve()) in seen:
-            raise UserError(f"{what} {p} is given twice ({seen[key]} and {p}); give each once")
-        seen[key] = p
-    return paths
-
-
-def run_labels(paths, names):
-    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line per run."""
-    shared = {n for n in names if names.count(n) > 1}
-    return [str(p) if n in shared else n for p, n in zip(paths, names)]
-
-
-def run_home(run_dir):
-    """The folder of a run given as its folder or its ckpt.pt: where its evaluations are written by default."""
-    return Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
-
-
-def take_lock(lock):
-    """Write this process's pid into the file lock and return None; if a live process other than this one (a restarted
-    container may reuse a pid) holds it, return its pid instead. A lock whose process has ended is taken over."""
-    with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
-        pid = int(lock.read_text())
-        with suppress(PermissionError):  # alive, another user's
-            os.kill(pid, 0)
-        if pid > 0 and pid != os.getpid():
-            return pid
-    lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
-    with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another process took it just now
-        f.write(str(os.getpid()))
-    return None
-
-
-_CLAIMED = []  # (lock, folders made for it) of claim_output, released by run_cli, write_all or at exit
-
-
-def claim_output(folder, name):
-    """Make folder and hold folder/.<name>.lock until the command ends: a second command writing the same outputs
-    there meanwhile is refused, as training's out_dir is; and a folder that cannot be written fails now, not after
-    the whole computation."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"output folder {folder} is a file: choose another --out")
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    lock = folder / f".{name}.lock"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if pid := take_lock(lock):
-            raise UserError(f"{folder} is in use by process {pid} ({lock}): another command is writing its {name} "
-                            "outputs there; wait for it, or give another --out")
-    except FileExistsError:
-        raise UserError(f"{folder} is in use by another command ({lock}); wait for it, or give another --out") from None
-    except OSError as e:  # read-only, or under a file: found now, not after the whole computation
-        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another --out") from None
-    _CLAIMED.append((lock, made))
-    return folder
-
-
-def release_outputs(folder=None):
-    """Remove this process's output locks (in folder, or all), and the folders made for outputs that never came."""
-    for item in [c for c in _CLAIMED if folder is None or c[0].parent == Path(folder)]:
-        _CLAIMED.remove(item)
-        lock, made = item
-        with suppress(OSError):  # gone already, or taken over by another process: not ours to remove
-            if lock.read_text() == str(os.getpid()):
-                lock.unlink()
-        with suppress(OSError):
-            for f in made:
-                f.rmdir()  # only if empty
-
-
-atexit.register(release_outputs)
-
-
-def pick_device(name):
-    kind, available = name.split(":")[0], dict(cuda=torch.cuda.is_available, mps=torch.backends.mps.is_available)
-    if kind not in ("auto", "cpu", "cuda", "mps"):
-        raise UserError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
-    if kind in available and not available[kind]():
-        why = "Apple GPUs only" if kind == "mps" else f"torch {torch.__version__} " + (
-            f"(CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build")
-        raise UserError(f"device={name!r} but this torch has no {kind.upper()}: {why}; use --device=cpu or auto")
-    return name if kind != "auto" else next((k for k, ok in available.items() if ok()), "cpu")
+RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
 
 
 def autocast(dtype, device_type):
@@ -230,27 +32,11 @@ def peak_flops(device_type):
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
-def data_dir(dataset):
-    return Path(dataset) if Path(dataset).is_absolute() else ROOT / "data" / dataset
-
-
-def synced(f):  # flush f to the disk, so that renaming it into place is safe against a crash
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def write_atomic(path, write):
-    """write(f) into a temp file beside path, renamed over it: a crash leaves the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            synced(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def throughput(tokens, seconds, flops_per_token, peak, world):
+    """(tokens/s, FLOP/s, MFU) of all processes: tokens counts every process's, so MFU divides by world peaks."""
+    tok_s = tokens / seconds
+    flops = flops_per_token * tok_s
+    return tok_s, flops, flops / (peak * world) if peak else None
 
 
 def load_checkpoint(path, device="cpu"):
@@ -273,14 +59,6 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
-def gpt_config(args):
-    """GPTConfig(**args), its checks of the user's model keys as a UserError."""
-    try:
-        return GPTConfig(**args)
-    except ValueError as e:  # GPTConfig and rope.check_scaling validate and raise nothing else
-        raise UserError(str(e)) from None
-
-
 def checkpoint_config(ckpt):
     """The checkpoint's GPTConfig; one written before train_len was a field takes it from its origin."""
     return gpt_config({"train_len": (ckpt.get("origin") or {}).get("train_len"), **ckpt["model_args"]})
@@ -294,3 +72,110 @@ def model_from_checkpoint(ckpt, config=None):
     except RuntimeError as e:
         raise UserError(f"checkpoint weights do not match its model config: {str(e).splitlines()[0]}") from None
     return model
+
+
+
+def load_run(run_dir, device="cpu"):
+    """(model in eval mode on device, checkpoint, dataset dir); a bad checkpoint or data: a one-line error."""
+    ckpt = load_checkpoint(run_dir, device)
+    folder = data_dir(ckpt["config"]["dataset"])
+    meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
+    if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
+        # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
+        raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
+                         f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
+    return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
+
+# ----------------------------------------------------------------------------- a training's run folder
+
+def training_data(config, master, ddp):
+    """(meta, {split: tokens}) of the run's dataset, a built-in corpus prepared on first use (by the master process,
+    before the others look); every file checked against meta.json's sha256s, and a row of block_size + 1 fitting."""
+    folder = data_dir(config["dataset"])
+    if master and (corpus := builtin(config["dataset"])) and not (folder / "meta.json").exists():
+        print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
+        importlib.import_module(f"data.{corpus}.prepare").prepare(config["dataset"])
+    if ddp:
+        torch.distributed.barrier()
+    meta = load_meta(folder)
+    splits = {s: load_split(folder, s)[0] for s in ("train", "val")}
+    for s, tokens in splits.items():
+        if len(tokens) <= config["block_size"]:
+            raise UserError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
+                            f"({len(tokens)} tokens, a row takes block_size + 1): use block_size <= {len(tokens) - 1}")
+    return meta, splits
+
+
+def start_checkpoint(config, meta, device):
+    """(init_from's checkpoint, origin): out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS
+    may differ, and pos_emb from rope to none: DroPE). A scaling that needs the original length and lacks it takes
+    the checkpoint's train_len (model.py would take block_size)."""
+    tune = config["init_from"] != "resume"
+    path = config["init_from"] if tune else Path(config["out_dir"])
+    ckpt = load_checkpoint(path, device)
+    if not tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):  # weights only, as tests/assets/copier.pt
+        raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only); fine-tune "
+                        f"from it instead: --init_from={path}/ckpt.pt --out_dir=<a new folder>")
+    args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
+    train_len = checkpoint_config(ckpt).train_len  # the original training length: the first run's, through fine-tunes
+    if tune:
+        origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"], train_len=train_len,
+                      pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"])
+    # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load as they are
+    drope = tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
+    if origin and scaling and ORIGINAL in ROPE_TYPES[scaling_type(scaling)].required and ORIGINAL not in scaling:
+        config["rope_scaling"] = {**scaling, ORIGINAL: train_len}
+        print(f"rope_scaling: {ORIGINAL}={train_len}, the original training length")
+    # a key newer than the checkpoint: it was trained as its default (a new key's default is the old behaviour)
+    differ = [f"{k}={args.get(k, DEFAULTS[k])!r} (config: {config[k]!r})" for k in MODEL_KEYS
+              if not (tune and k in FINETUNE_KEYS or drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
+    if args["vocab_size"] != meta["vocab_size"]:
+        differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
+    if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
+        differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
+    if differ:
+        raise UserError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
+                         f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
+                         f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
+    return ckpt, origin
+
+
+@contextmanager
+def run_folder(config):
+    """out_dir, made and locked (common.claim_output): out_dir/.lock holds the pid; a dead process's lock is taken over."""
+    out_dir = Path(config["out_dir"])
+    if out_dir.is_file():
+        raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
+    claim_output(out_dir, "train", lock_name=".lock", in_use="one training per out_dir")
+    try:
+        if config["init_from"] != "resume":
+            if config["overwrite"] and Path(config["init_from"]).resolve() in (out_dir.resolve(), (out_dir / "ckpt.pt").resolve()):
+                raise UserError(f"init_from={config['init_from']} is out_dir's own checkpoint, which --overwrite=True would "
+                                f"delete before loading it: fine-tune into another --out_dir")
+            if (out_dir / "ckpt.pt").exists() and not config["overwrite"]:
+                raise UserError(f"{out_dir} already holds a run (ckpt.pt): continue it with --init_from=resume, "
+                                 f"or replace it with --overwrite=True")
+            for name in ("ckpt.pt", "log.jsonl"):  # a new run starts its log anew
+                (out_dir / name).unlink(missing_ok=True)
+        yield out_dir
+    finally:
+        release_outputs(out_dir)
+        with suppress(OSError):
+            out_dir.rmdir()  # only if empty: a run that failed before writing anything leaves no folder
+
+
+def trim_log(path, iter_num):
+    """Keep the log lines up to a resume's checkpoint iter_num, rewritten atomically, so that none is written twice.
+    A line that is not a log entry (a kill -9 mid-write, an edit) is moved to log.jsonl.rejected, never dropped."""
+    def entry(line):
+        with suppress(ValueError, TypeError, KeyError):  # not JSON, not a dict, no iter
+            if isinstance(it := json.loads(line)["iter"], int):
+                return it
+        return None
+    lines = [(line, entry(line)) for line in path.read_text(errors="replace").splitlines()] if path.exists() else []
+    if bad := [line for line, it in lines if it is None and line.strip()]:
+        with open(path.with_name(path.name + ".rejected"), "a") as f:
+            f.write("".join(line + "\n" for line in bad))
+        print(f"{path}: {len(bad)} line(s) that are not log entries moved to {path.name}.rejected")
+    text = "".join(line + "\n" for line, it in lines if it is not None and it <= iter_num)
+    write_atomic(path, lambda f: f.write(text.encode()))

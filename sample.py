@@ -9,7 +9,8 @@ import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import FIXED, forward_args, unavailable
-from runtime import UserError, autocast, command_parser, load_checkpoint, model_from_checkpoint, number, run_cli, shared_values
+from common import UserError, command_parser, parse_number, run_cli, shared_values
+from runtime import autocast, load_checkpoint, model_from_checkpoint
 
 
 SEPARATOR = "\n---------------\n"
@@ -31,7 +32,7 @@ def parse_args(argv):
     if a.method not in FIXED:
         raise UserError(f"unknown --method {a.method!r}; allowed: {', '.join(FIXED)}")
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0)):
-        number(getattr(a, name), name, int, low)
+        parse_number(getattr(a, name), name, int, low)
     if a.temperature == math.inf:  # every token equally likely: noise, not the model
         raise UserError("--temperature inf samples uniformly at random; use a finite number > 0")
     if not a.temperature > 0:  # also catches nan
@@ -87,7 +88,7 @@ def sample(args):
     how = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
           f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: "
-          f"{'each token from its last L' if how.crop else how.given() or 'as trained'}",
+          f"{'each token from its last L' if how.crop else how.settings() or 'as trained'}",
           file=sys.stderr)
     torch.manual_seed(args["seed"])
     idx = torch.tensor([prompt] * args["num_samples"], dtype=torch.long, device=args["device"])

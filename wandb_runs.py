@@ -1,7 +1,7 @@
 """wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation, probes and
 training resume by the id kept in the run folder; every number a user compares a summary metric with a sortable name;
 curves as history on their own x-axis (training: iter; loss by position: position). Never waits on a login or a
-network: offline, said in one line, whenever the server cannot be had."""
+network: offline, said in one line, whenever the server cannot be had. Torch-free."""
 import json
 import netrc
 import os
@@ -12,7 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from urllib.parse import urlparse
 
-from runtime import run_home
+from common import run_home
 
 RUN_FILE = "wandb.json"  # in a run folder: the id, name, group and job type of its wandb run
 CONNECT_TIMEOUT, INIT_TIMEOUT = 3, 30  # seconds: a server that does not answer in these is not there

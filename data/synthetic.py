@@ -1,10 +1,10 @@
 """Synthetic retrieval sequences: random tokens repeated `distance` tokens later, or key-value pairs recalled (MQAR).
 Mixed into training batches (train.py's retrieval_mix, retrieval_task) they teach a small model to copy (an induction
-head); lab/probes.py asks how far it still copies."""
+head); lab/probes.py builds its probe rows from them and asks how far it still copies."""
 import numpy as np
 
-from data.dataset import doc_windows
-from runtime import UserError
+from common import UserError
+from data.dataset import get_rows
 
 
 def plant_repeat(row, segment, start, distance):
@@ -95,33 +95,23 @@ def mix_mqar(rows, rng, fraction, pairs, vocab):
     rows[:m] = mqar_batch(rng, m, rows.shape[1], pairs, vocab)[0]
 
 
-NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = " What is the pass key? The pass key is"
-KEY_DIGITS = 5  # a uniform guess of the key is right with probability 10^-5: the chance level
+def mix_retrieval(rows, rng, config, vocab):
+    """Replace retrieval_mix of a batch's rows by retrieval_task's synthetic rows (in place); their loss is the rows' own."""
+    if config["retrieval_mix"] and config["retrieval_task"] == "mqar":
+        mix_mqar(rows, rng, config["retrieval_mix"], config["retrieval_segment"] // 2, vocab)
+    elif config["retrieval_mix"]:  # copy: the same calls, so the same batches, as before the key existed
+        mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], vocab)
 
 
-def passkey_row(filler, encode, key, depth):
-    """(one passkey trial of len(filler) + 1 tokens, its number of key tokens at the end): held-out text with the
-    needle stating the key at `depth` (0: first, 1: just before the question), then the question and the key."""
-    if not 0 <= depth <= 1:
-        raise UserError(f"depth {depth!r} is outside [0, 1] (the fraction of the filler before the key)")
-    needle, ask, answer = (encode(t) for t in (NEEDLE.format(key=key), QUESTION, f" {key}"))
-    room = len(filler) + 1 - len(needle) - len(ask) - len(answer)  # filler tokens that fit around them
-    if room < 0:
-        raise UserError(f"a passkey trial of {len(filler)} tokens is shorter than its needle, question and key "
-                         f"({len(needle) + len(ask) + len(answer)} tokens); use a longer length")
-    at = round(depth * room)
-    return np.concatenate([filler[:at], needle, filler[at:room], ask, answer]).astype(np.int64), len(answer)
-
-
-def copy_trials(tokens, docs, L, args, vocab):
-    """(distance d, rows [trials, d + segment + 1]) per --distances multiple of L: the copy probe's trials, the same
-    for every run on the same data and options (its seeds), so a study can pair them."""
-    k, rng = args["segment"], np.random.default_rng(args["seed"])
-    for mult in args["distances"]:
-        d = max(k, round(mult * L))
-        n = d + k  # the first copy starts one token in: position 1 .. k, the second ends the window
-        filler = np.stack([tokens[s:s + n + 1] for s in doc_windows(docs, n + 1, args["trials"], rng)])
-        segments = (None if args.get("copy_source", "random") == "random"  # text: the filler's own distribution
-                    else np.stack([tokens[s:s + k] for s in doc_windows(docs, k, len(filler), rng)]))
-        yield d, copy_rows(filler, rng, k, [d] * len(filler), vocab, segments)
+def retrieval_check(rng, config, count, T, val_tokens, vocab):
+    """(metric name, rows [count, T + 1], known [count, T + 1]: the tokens a model can know) that training's evaluation
+    scores top-1 on: MQAR rows as trained on (mqar_acc), or held-out text with a segment repeated at distances spread over
+    the window, its last segment - 1 tokens known (copy_top1)."""
+    if config["retrieval_task"] == "mqar":
+        return ("mqar_acc", *mqar_batch(rng, count, T + 1, config["retrieval_segment"] // 2, vocab))
+    k = config["retrieval_segment"]
+    distances = np.linspace(k, T + 1 - k, count).round()  # spread over every distance inside the window
+    rows = copy_rows(get_rows(val_tokens, count, T, rng), rng, k, distances, vocab)
+    known = np.zeros(rows.shape, dtype=bool)
+    known[:, -(k - 1):] = True
+    return "copy_top1", rows, known

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 import tiktoken
-from runtime import UserError
+from common import UserError
 
 RANKS_PATH = Path(__file__).resolve().parent / "gpt2.tiktoken"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

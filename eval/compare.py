@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
-from runtime import UserError, claim_output, command_parser, distinct, run_cli, run_labels, shared_values
+from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values
 
 METRICS = ("ppl", "ppl_beyond_train")
 PROTOCOLS = ("windows", "sliding")
@@ -54,7 +54,7 @@ def compare(run_dirs, out, metric, protocol):
         if value not in allowed:
             raise UserError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
     claim_output(out, "compare")
-    reports = [load_report(d, protocol) for d in distinct(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
+    reports = [load_report(d, protocol) for d in unique_runs(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
     for rep, name in zip(reports, run_labels(run_dirs, [rep["run"] for rep in reports])):
         rep["run"] = name  # two runs named alike would share a row
     if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"])]:

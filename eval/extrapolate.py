@@ -11,19 +11,20 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, load_split
-from eval.report import fmt, json_csv, label, line_style, panels, png, pyplot, write_all
+from data.dataset import doc_windows, held_out, load_split
+from eval.report import PLOT_BINS, PLOTTED, PLOTTED_N, extrapolation_plot, extrapolation_table, json_csv, label, write_all
 from eval import methods
-from eval.methods import FIXED, METHODS, forward_args, method_factor
-from eval.score import bin_edges, load_run, mean_stderr, score_sliding, score_windows, sliding_windows
-from runtime import UserError, claim_output, command_parser, number, parse_list, run_cli, shared_values
+from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
+from eval.score import score_sliding, score_windows, sliding_windows
+from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
+from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
+from runtime import load_run
 from wandb_runs import extrapolation_metrics, log_results
 
 PROTOCOLS = ("windows", "sliding")
+DOCS = ("all", "dev", "test")  # the held-out documents, or one half of them: dev (even-numbered files), test (odd)
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
-PLOTTED, PLOTTED_N = ("none", "pi", "ntk", "yarn", "llama3", "window", "sinks", "logn"), 5  # a handful: all stay in the JSON
-PLOT_BINS = 16  # per panel: bins grow with the length, so the 16x panel (few windows) is not one window's noise
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
               "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
               "diff_none_inside", "diff_none_inside_stderr", "helped_tokens", "ppl_helped", "n_units", "tokens",
@@ -33,7 +34,9 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
 def parse_args(argv):
     p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb")
     for name, default, text in (
-            ("lengths", "1,2,4,8,16", "multiples of the training length"), ("methods", ",".join(FIXED), "eval/methods.py's"),
+            ("lengths", "1,2,4,8,16", "multiples of the training length"),
+            ("methods", ",".join(FIXED), "eval/methods.py's, each with optional settings: name:key=value (yarn:beta_fast=4)"),
+            ("docs", "all", "held-out documents scored: all, dev (even-numbered) or test (odd-numbered): settings are chosen on dev"),
             ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
             ("stride", "half", "the sliding protocol's stride: half of each length, or tokens"),
             ("tokens", "16384", "scored tokens per length and protocol"),
@@ -50,23 +53,26 @@ def parse_args(argv):
     a = p.parse_args(argv)
     args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
                 **{k: parse_list(getattr(a, k), k, str, allowed) for k, allowed in
-                   (("methods", METHODS), ("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
+                   (("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
+                methods=parse_methods(a.methods),
                 lengths=parse_list(a.lengths, "lengths", float))
     if any(m <= 0 for m in args["lengths"]):
         raise UserError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
     if "windows" not in args["protocols"]:
         raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows protocol): "
                          "use --protocols windows,sliding")
+    if a.docs not in DOCS:
+        raise UserError(f"unknown --docs {a.docs!r}; allowed: {', '.join(DOCS)}")
     if a.bins not in BINS:
         raise UserError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
-    return dict(args, bins=a.bins, stride=None if a.stride == "half" else number(a.stride, "stride", int, 1),
-                tokens=number(a.tokens, "tokens", int, 1), min_units=number(a.min_units, "min_units", int, 2),
-                factor=None if a.factor == "auto" else number(a.factor, "factor", float, 1),
-                dynamic_factor=number(a.dynamic_factor, "dynamic_factor", float, 1),
-                helped_threshold=number(a.helped_threshold, "helped_threshold", float, 0),
-                crop_stride=None if a.crop_stride == "auto" else number(a.crop_stride, "crop_stride", int, 1),
+    return dict(args, bins=a.bins, docs=a.docs, stride=None if a.stride == "half" else parse_number(a.stride, "stride", int, 1),
+                tokens=parse_number(a.tokens, "tokens", int, 1), min_units=parse_number(a.min_units, "min_units", int, 2),
+                factor=None if a.factor == "auto" else parse_number(a.factor, "factor", float, 1),
+                dynamic_factor=parse_number(a.dynamic_factor, "dynamic_factor", float, 1),
+                helped_threshold=parse_number(a.helped_threshold, "helped_threshold", float, 0),
+                crop_stride=None if a.crop_stride == "auto" else parse_number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
-                plot=None if a.plot == "auto" else parse_list(a.plot, "plot", str, METHODS))
+                plot=None if a.plot == "auto" else parse_methods(a.plot))
 
 
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
@@ -82,7 +88,7 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
     """NLL [units, n] of every target of every unit, in order, under a model.Method."""
     if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
-        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, n)) for s in starts])
+        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, method.crop, n)) for s in starts])
     if protocol == "sliding":
         return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method) for s in starts])
     return score_windows(model, tokens, starts, n, method=method)
@@ -95,40 +101,6 @@ def window_positions(n, protocol, eval_len, stride):
     return np.arange(n)
 
 
-def per_unit(nll, pos, train_len, none, crop):
-    """Per unit: the loss over all its targets and past train_len, and the paired differences to none and crop
-    past train_len (and to none inside it), each None where there are no such targets or no reference."""
-    past, inside = pos >= train_len, pos < train_len
-    def mean(a, where):
-        return None if a is None or not where.any() else a[:, where].mean(axis=1)
-    return dict(loss=nll.mean(axis=1), loss_beyond_train=mean(nll, past),
-                diff_none=mean(None if none is None else nll - none, past),
-                diff_crop=mean(None if crop is None else nll - crop, past),
-                diff_none_inside=mean(None if none is None else nll - none, inside))
-
-
-def summarize(units):
-    """An entry's fields from its per_unit values (None: not scored): means and standard errors over units."""
-    if units is None:
-        return dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr", "per_unit"))
-    out = {}
-    for k, v in units.items():
-        out[k], err = (None, None) if v is None else mean_stderr(v)
-        out["stderr" if k == "loss" else f"{k}_stderr"] = err
-    return dict(out, ppl=math.exp(out["loss"]), ppl_beyond_train=None if out["loss_beyond_train"] is None else
-                math.exp(out["loss_beyond_train"]), per_unit={k: None if v is None else v.round(6).tolist() for k, v in units.items()})
-
-
-def curves(nll, ref, edges, key="loss", err_key="stderr"):
-    """Binned nll by position with its band (standard error over units), and the paired difference to `none`."""
-    def binned(a, key, err_key):
-        per_unit = np.stack([a[:, lo:hi].mean(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
-        err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(per_unit.shape[1])
-        return {key: per_unit.mean(axis=0).round(6).tolist(), err_key: err.round(6).tolist()}
-    return dict(x=((edges[:-1] + edges[1:] - 1) / 2).tolist(), **binned(nll, key, err_key),
-                **({} if ref is None else binned(nll - ref, "diff_none", "diff_none_stderr")))
-
-
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = [round(m * train_len) for m in args["lengths"]]
     if min(eval_lens) < 1:
@@ -136,7 +108,7 @@ def run_grid(model, tokens, docs, args, train_len):
                          "use a larger multiple")
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
-            ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m == "dynamic-ntk" else [None])]
+            ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if split_method(m)[0] == "dynamic-ntk" else [None])]
     reasons = methods.reasons(model.config, [(m, T) for p, T, m, _ in grid])
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
         raise UserError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
@@ -147,18 +119,18 @@ def run_grid(model, tokens, docs, args, train_len):
     scored, results, done = {}, [], {}
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
-        given = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}.get(method, args["factor"])
+        given = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}.get(split_method(method)[0], args["factor"])
         factor = method_factor(method, T, train_len, given)
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         how = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
         # crop depends on the units alone: the sliding protocol's lengths share their stretches, and so crop's scores
-        key = ("crop", n, tuple(starts)) if method == "crop" else (protocol, T, method, mode)
+        key = ("crop", how.crop, n, tuple(starts)) if how.crop else (protocol, T, method, mode)
         if not reason and key not in done:
             done[key] = score_units(model, tokens, starts, n, protocol, T, stride, how, crop_stride)
         scored[protocol, T, method, mode] = None if reason else done[key]
         results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
-                            positions=how.given(), n_units=len(starts), tokens=n * len(starts),
+                            positions=how.settings(), n_units=len(starts), tokens=n * len(starts),
                             available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
     helped = {k[:2]: helped_tokens(scored, *k[:2], args["helped_threshold"]) for k in scored}
     for r in results:
@@ -179,64 +151,6 @@ def run_grid(model, tokens, docs, args, train_len):
     # each unit's held-out document (the one holding its first token): a study resamples documents, not windows
     unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
     return results, starts, unit_docs, crop_stride
-
-
-def helped_tokens(scored, protocol, eval_len, threshold):
-    """Targets some evaluated method predicts > threshold nats better than crop does: where the long context
-    helped. Not LongPPL's key tokens, which a separate evaluator model selects (docs/methodology.md)."""
-    crop = scored.get((protocol, eval_len, "crop", None))
-    others = [v for (p, T, m, _), v in scored.items() if (p, T) == (protocol, eval_len) and m != "crop" and v is not None]
-    return None if crop is None or not others else np.any([crop - v > threshold for v in others], axis=0)
-
-
-def table(report):
-    """Text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
-    L, lens, rows = report["train_len"], sorted({r["eval_len"] for r in report["results"]}), {}
-    for r in report["results"]:
-        cell = fmt(r["ppl"]) + ("" if r["ppl_beyond_train"] is None else f" ({fmt(r['ppl_beyond_train'])})")
-        rows.setdefault(f"{r['protocol']}: {label(r)}", {})[r["eval_len"]] = cell
-    head = ["protocol: method"] + [f"{T / L:g}x={T}" for T in lens]
-    body = [[name] + [cells.get(T, "") for T in lens] for name, cells in rows.items()]
-    width = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in [head] + body]
-    lo, hi = report["crop_context"]
-    return (f"ppl (ppl beyond train length {L}) of {report['run']}; crop: truncation, each target past {hi} "
-            f"from its last {lo}..{hi} tokens:\n" + "\n".join(lines))
-
-
-def plotted(entries, chosen):
-    """The methods drawn: those chosen (--plot), else the first PLOTTED_N of PLOTTED that were scored."""
-    scored = [m for m in dict.fromkeys(r["method"] for r in entries if r.get("crop_curve"))]
-    return [m for m in scored if m in chosen] if chosen else [m for m in PLOTTED if m in scored][:PLOTTED_N]
-
-
-def plot(report, chosen=None):
-    """PNG bytes: per length past training, the loss minus crop's by position (paired, binned, +- one standard error)."""
-    plt, L, ctx_len = pyplot(), report["train_len"], report.get("context_len", report["train_len"])
-    entries = [r for r in report["results"] if r["protocol"] == "windows"]
-    lens = [T for T in sorted({r["eval_len"] for r in entries}) if T > L] or sorted({r["eval_len"] for r in entries})
-    names = plotted(entries, chosen)
-    fig, places = panels(plt, len(lens), 2, 1, (6.5, 4))
-    for (ax,), T in zip(places, lens):
-        ax.axhline(0, color="k", lw=2, label="crop (the baseline): 0")
-        for i, r in enumerate(r for r in entries if r["eval_len"] == T and r["method"] in names and r.get("crop_curve")):
-            c, style = r["crop_curve"], line_style(r["method"], i)
-            x, y, e = np.array(c["x"]) + 1, np.array(c["diff_crop"]), np.array(c["diff_crop_stderr"])
-            ax.plot(x, y, lw=1.5, marker=".", label=f"{label(r)}: {fmt(r['diff_crop'], 3)}", **style)
-            ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
-        ax.axvline(L, color="grey", ls=":", lw=1)
-        if ctx_len != L:  # a fine-tuned run: its own training length too
-            ax.axvline(ctx_len, color="grey", ls="-.", lw=1)
-        n = min(r["n_units"] for r in entries if r["eval_len"] == T)
-        tuned = f", dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
-        ax.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
-               xlabel="token position in window", ylabel="loss minus crop (nats)")
-        ax.legend(fontsize=7, title="mean past train length", title_fontsize=7)
-    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}): loss minus crop's "
-                 f"on the same tokens; below zero, a method predicts better than truncation to the last {L} tokens\n"
-                 f"{PLOT_BINS} bins per length, bands one standard error over windows; every method's numbers: "
-                 f"extrapolation.json / .csv", fontsize=10)
-    return png(fig, rect=(0, 0, 1, 0.94))
 
 
 def log_wandb(report, ckpt, run_dir, png_path):
@@ -264,19 +178,20 @@ def extrapolate(args):
         print(f"dynamic-ntk: factor a = {args['dynamic_factor']:g} (transformers' extra NTK multiplier, not the "
               f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])} (causal: windows only)")
     tokens, docs = load_split(data_dir, "val")
+    docs = held_out(docs, args["docs"])
     t0 = time.time()
     results, units, unit_docs, crop_stride = run_grid(model, tokens, docs, args, train_len)
     spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}  # the benchmark line
     report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb,
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
                   options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
-                  bins=args["bins"], dataset=str(data_dir), crop_stride=crop_stride,
+                  bins=args["bins"], dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
                   crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
                   unit_docs=unit_docs, documents=len(docs), results=results)
     out = args["out"]  # the figure drawn first: a failure leaves the earlier outputs as they were
-    write_all(out, {"extrapolation.png": plot(report, args["plot"]), **json_csv("extrapolation", report, results, CSV_FIELDS)})
-    print(table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "
+    write_all(out, {"extrapolation.png": extrapolation_plot(report, args["plot"]), **json_csv("extrapolation", report, results, CSV_FIELDS)})
+    print(extrapolation_table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "
           + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
           f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")
     if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:

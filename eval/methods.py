@@ -1,16 +1,44 @@
-"""The position methods every command shares: for each name its model.Method and the encodings it applies to
-(docs/methodology.md). Nothing else in the repository decides any of this. `crop` is truncation for every encoding:
-Method(crop=L), which the scorers and generation apply by cutting the input (Method.kept)."""
-from model import Method
-from runtime import UserError, number
+"""The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding one:
+docs/adding_a_method.md): nothing else decides where a method applies, its factor or the positions.Method it builds.
+Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, sinks, merged attention, crop's Method.cropped)."""
+import math
+from typing import Callable, NamedTuple
 
-METHODS = ("none", "crop", "window", "sinks", "pi", "ntk", "dynamic-ntk", "yarn", "ntk-by-parts", "llama3", "logn",
-           "ntk+logn", "self-extend", "rerope", "pairs")
-FIXED = METHODS[:-1]  # the methods that need no argument: pairs takes a factor per pair (--pair_factors)
-ANY_ENCODING = ("none", "crop", "logn")  # act on the input or on attention; the others need relative positions
-MASKS = ("window", "sinks")  # masks over positions past L: for RoPE, ALiBi and NoPE, whose positions are relative
+from common import UserError, parse_number
+from model import POS_EMBS
+from positions import Method
+from rope import ORIGINAL
+
+ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only, so a mask can move them
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
-EXTEND = ("self-extend", "rerope")  # exact positions within a neighbour window, grouped or clipped beyond it
+BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
+INTEGER = ("window", "group", "k")  # settings that count tokens (or a group size, a slowdown): the rest are numbers
+
+
+class Entry(NamedTuple):
+    encodings: tuple  # the pos_emb values it applies to
+    # its factor s: "ratio" (default length / L, never below 1), "multiplier" (transformers' dynamic a, default 1: the
+    # scale follows the length by itself), "per pair" (a list, no default) or None (it takes none)
+    factor: str | None
+    positions: Callable  # At -> the fields of its positions.Method
+    settings: tuple = ()  # what a user may set, as name:key=value[:key=value] (yarn:beta_fast=4); unset: the method's rule
+    default: bool = True  # in --methods' default list
+
+
+class At(NamedTuple):  # what a method's positions may depend on
+    s: float | list | None  # its factor
+    L: int  # the original training length it scales from
+    run_len: int  # the run's own (a fine-tune's block_size): the longest context its weights saw, which crop keeps
+    length: int  # the length scored
+    given: dict  # its settings, as given
+
+
+def yarn(a, **keys):
+    return {"rope_scaling": {"rope_type": "yarn", "factor": a.s, ORIGINAL: a.L, **a.given, **keys}}
+
+
+def near(a):  # Self-Extend's and ReRoPE's neighbour window: exact distances below it, half the trained context unless set
+    return a.given.get("window", a.run_len // 2)
 
 
 def self_extend_group(length, run_len, window):
@@ -19,64 +47,105 @@ def self_extend_group(length, run_len, window):
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
+def leaky_k(length, run_len, window):
+    """Leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, is one the
+    model was trained on (at most run_len - 1)."""
+    return max(1, math.ceil((length - 1 - window) / (run_len - 1 - window))) if length > run_len else 1
+
+
+METHODS_TABLE = {
+    "none": Entry(POS_EMBS, None, lambda a: {}),  # the model as trained (with its own rope_scaling, if it had one)
+    "crop": Entry(POS_EMBS, None, lambda a: {"crop": a.run_len}),  # truncation to the last run_len tokens
+    "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),  # sliding-window attention: the last run_len
+    # the first SINKS tokens and the last run_len - SINKS
+    "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": SINKS}),
+    "pi": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "linear", "factor": a.s}}),
+    "ntk": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}}),
+    "dynamic-ntk": Entry(ROPE, "multiplier",
+                         lambda a: {"rope_scaling": {"rope_type": "dynamic", "factor": a.s, ORIGINAL: a.L}}),
+    "yarn": Entry(ROPE, "ratio", yarn, BETAS),
+    "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0), BETAS),  # YaRN without its temperature
+    "llama3": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "llama3", "factor": a.s, ORIGINAL: a.L,
+                                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0}}),
+    "logn": Entry(POS_EMBS, None, lambda a: {"logn_len": a.L}),
+    "ntk+logn": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}, "logn_len": a.L}),
+    # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
+    "self-extend": Entry(ROPE, None, lambda a: {"extend": (near(a), a.given.get("group") or self_extend_group(
+        a.length, a.run_len, near(a)))}, ("window", "group")),
+    "rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None)}, ("window",)),
+    # truncation to the last train_len tokens: a fine-tune's own positive control (crop, before a fine-tune)
+    "crop-L": Entry(POS_EMBS, None, lambda a: {"crop": a.L}, default=False),
+    # Leaky ReRoPE (Su 2023): beyond the window distances grow k times slower, w + (d - w) / k
+    "leaky-rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None), "leak": a.given.get("k") or leaky_k(
+        a.length, a.run_len, near(a))}, ("window", "k"), default=False),
+    # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
+    "pairs": Entry(ROPE, "per pair", lambda a: {"rope_scaling": {"rope_type": "longrope", "short_factor": a.s,
+                                                                 "long_factor": a.s, "attention_factor": 1.0, ORIGINAL: a.L}},
+                   default=False),
+}
+METHODS = tuple(METHODS_TABLE)
+FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.default)  # the default list (pairs needs --pair_factors)
+ANY_ENCODING = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == POS_EMBS)  # on the input or on attention
+MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
+
+
+def parse_methods(text):
+    """--methods as given: names of METHODS, each with optional settings (Entry.settings); repeats dropped."""
+    specs = [t.strip() for t in text.split(",") if t.strip()]
+    if not specs:
+        raise UserError("--methods is empty")
+    for spec in specs:
+        name, *settings = spec.split(":")
+        if name not in METHODS:
+            raise UserError(f"unknown --methods {name}; allowed: {', '.join(METHODS)}")
+        for setting in settings:
+            key, _, value = setting.partition("=")
+            if key not in (allowed := METHODS_TABLE[name].settings):
+                raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes {', '.join(allowed) or 'none'} "
+                                "(name:key=value)")
+            if not parse_number(value, f"methods {spec}: {key}", *((int, 1) if key in INTEGER else (float, 0))) > 0:
+                raise UserError(f"--methods {spec}: {key} must be > 0 (YaRN's betas: rotations over L), got {value}")
+    return list(dict.fromkeys(specs))
+
+
+def split_method(spec):
+    """'yarn:beta_fast=4' -> ('yarn', {'beta_fast': 4.0}): a method's name and settings (checked by parse_methods)."""
+    name, *settings = spec.split(":")
+    return name, {k: (int if k in INTEGER else float)(v) for k, _, v in (s.partition("=") for s in settings)}
+
+
 def applicable(methods, pos_emb):
-    """The methods that apply to an encoding, in the order given: under RoPE all, else ANY_ENCODING's, and MASKS where
-    positions are relative."""
-    return [m for m in methods if pos_emb == "rope" or m in ANY_ENCODING or (m in MASKS and pos_emb in ("alibi", "none"))]
+    """The methods that apply to an encoding, in the order given."""
+    return [m for m in methods if pos_emb in METHODS_TABLE[split_method(m)[0]].encodings]
 
 
 def usable(names, pos_emb):
     """The methods of `names` that apply to the encoding, saying which do not; none left: a one-line error."""
-    kept = applicable(names, pos_emb)
-    if dropped := [m for m in names if m not in kept]:
+    applying = applicable(names, pos_emb)
+    if dropped := [m for m in names if m not in applying]:
         note = f"pos_emb={pos_emb}: {', '.join(dropped)} do not apply"
-        if not kept:
+        if not applying:
             raise UserError(f"{note}; use --methods {','.join(applicable(METHODS, pos_emb))}")
-        print(f"{note}; evaluating {', '.join(kept)}")
-    return kept
+        print(f"{note}; evaluating {', '.join(applying)}")
+    return applying
 
 
 def method_factor(method, length, train_len, factor=None):
-    """The factor in the method's arguments at `length` tokens: None where there is none; dynamic-ntk's is
-    transformers' extra multiplier a, 1 by default (its scale follows the length by itself); the others
-    default to the ratio that maps the length back onto the training length (never below 1)."""
-    if method in ANY_ENCODING + MASKS + EXTEND:
-        return None
-    if method == "dynamic-ntk":
-        return factor or 1.0
-    if method == "pairs":  # a list, checked by check_pairs
-        return factor
-    return factor or max(1.0, length / train_len)
+    """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else the one
+    pinned (`factor`), or its default."""
+    kind = METHODS_TABLE[split_method(method)[0]].factor
+    if kind == "ratio":
+        return factor or max(1.0, length / train_len)
+    return {"multiplier": factor or 1.0, "per pair": factor}.get(kind)  # per pair: a list, checked by check_pairs
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The model.Method of a method over `length` tokens: a Hugging Face style rope_scaling dict, an attention window,
-    log-n scaling, truncation. train_len: the original training length the methods scale from (GPTConfig.train_len);
-    run_len: the run's own block_size (a fine-tune's), the longest context its weights were trained on, which crop
-    keeps. factor: pinned instead of method_factor's default; causal: dynamic scaling exact per position."""
-    s, L = method_factor(method, length, train_len, factor), train_len
-    yarn = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L}
-    return Method(causal_dynamic=causal, **{
-        "none": {},  # the model as trained (with its own rope_scaling, if it was trained with one)
-        "crop": {"crop": run_len},  # truncation to the last run_len tokens
-        "window": {"window": run_len},  # sliding-window attention: each token sees its last run_len
-        "sinks": {"window": run_len, "sinks": SINKS},  # the first SINKS tokens and the last run_len - SINKS
-        "pi": {"rope_scaling": {"rope_type": "linear", "factor": s}},
-        "ntk": {"rope_scaling": {"rope_type": "ntk", "factor": s}},
-        "dynamic-ntk": {"rope_scaling": {"rope_type": "dynamic", "factor": s, "original_max_position_embeddings": L}},
-        "yarn": {"rope_scaling": yarn},
-        "ntk-by-parts": {"rope_scaling": {**yarn, "attention_factor": 1.0}},  # YaRN without its temperature
-        "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
-                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
-        "logn": {"logn_len": L},
-        "ntk+logn": {"rope_scaling": {"rope_type": "ntk", "factor": s}, "logn_len": L},
-        # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
-        "self-extend": {"extend": (run_len // 2, self_extend_group(length, run_len, run_len // 2))},
-        "rerope": {"extend": (run_len // 2, None)},
-        # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
-        "pairs": {"rope_scaling": {"rope_type": "longrope", "short_factor": s, "long_factor": s, "attention_factor": 1.0,
-                                   "original_max_position_embeddings": L}},
-    }[method])
+    """The positions.Method of a method over `length` tokens. train_len: the original training length the methods scale
+    from (GPTConfig.train_len); run_len: the run's own block_size (a fine-tune's), which crop keeps. factor: pinned
+    instead of method_factor's default; causal: dynamic scaling exact per position. method: a name with its settings."""
+    name, given = split_method(method)
+    at = At(method_factor(method, length, train_len, factor), train_len, run_len, length, given)
+    return Method(causal_dynamic=causal, **METHODS_TABLE[name].positions(at))
 
 
 PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")
@@ -84,7 +153,7 @@ PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per f
 
 def parse_pairs(text):
     """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept, unlike other lists."""
-    return None if text is None else [number(t, "pair_factors", float, 1) for t in text.split(",")]
+    return None if text is None else [parse_number(t, "pair_factors", float, 1) for t in text.split(",")]
 
 
 def check_pairs(factors, config):
@@ -102,7 +171,8 @@ def unavailable(config, method, length):
     if not applicable([method], config.pos_emb):
         what = "masks relative positions" if method in MASKS else "rescales RoPE"
         return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
-    if config.pos_emb == "learned" and length > config.block_size and method != "crop":
+    at = At(None, config.train_len, config.block_size, length, {})
+    if config.pos_emb == "learned" and length > config.block_size and "crop" not in METHODS_TABLE[split_method(method)[0]].positions(at):
         return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "
                 f"(no extrapolation): use crop (truncation) or fewer tokens")
     return None

@@ -1,26 +1,12 @@
-"""The one shared way to load a trained run and score held-out text token by token: every evaluation goes through
-score_rows, so "the loss at position p" means the same thing everywhere."""
-import math
-
+"""The one shared way to score held-out text token by token (a run loaded by runtime.load_run): every evaluation goes
+through score_rows, so "the loss at position p" means the same thing everywhere."""
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from data.dataset import load_meta
-from model import AS_TRAINED
-from runtime import UserError, autocast, data_dir, load_checkpoint, model_from_checkpoint
-
-
-def load_run(run_dir, device="cpu"):
-    """(model in eval mode on device, checkpoint, dataset dir); a bad checkpoint or data: a one-line error."""
-    ckpt = load_checkpoint(run_dir, device)
-    folder = data_dir(ckpt["config"]["dataset"])
-    meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
-    if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
-        # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
-        raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
-                         f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
-    return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
+from common import UserError
+from positions import AS_TRAINED
+from runtime import autocast
 
 
 def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=None, method=AS_TRAINED):
@@ -67,16 +53,3 @@ def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
            *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, method=method)
              if len(plan) > 1 else [])]
     return np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)])
-
-
-def mean_stderr(per_unit):
-    a = np.asarray(per_unit, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else None
-
-
-def bin_edges(eval_len, bins):
-    """Edges of the position bins: ~50 linear bins (2% of the length each), or ~40 log-spaced ones."""
-    if bins == "log":
-        return np.unique(np.round(np.geomspace(1, eval_len, 41)).astype(int)) - 1 if eval_len > 1 else np.array([0, 1])
-    size = max(1, eval_len // 50)
-    return np.arange(0, eval_len // size * size + 1, size)

@@ -8,17 +8,13 @@ import math
 import sys
 from pathlib import Path
 
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import png, pyplot, write_all
-from rope import bound_curve, first_negative, trained_freq
-from runtime import UserError, claim_output, command_parser, json_text, number, parse_list, run_cli, shared_values
-
-
-def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
-    """B_m for m = start .. max_len at the trained frequencies; an unrotated pair (p-RoPE) adds 1."""
-    return bound_curve(trained_freq(head_dim, base, fraction), max_len, start)
+from lab.bound import base_bound_curve, first_negative, trained_freq
+from common import UserError, claim_output, command_parser, json_text, parse_number, parse_list, run_cli, shared_values
 
 
 def smallest_base(head_dim, context_len, lowest=10.0, highest=1e12):
@@ -38,7 +34,7 @@ def parse_args(argv):
     p.add_argument("--bases", default=None, help="bases to check and plot, e.g. 500,1e4,1e5,1e6")
     p.add_argument("--copy", nargs="+", default=[], metavar="STUDY", help="a study folder per base (its copy probe)")
     a = p.parse_args(argv)
-    if (head_dim := number(a.head_dim, "head_dim", int, 2)) % 2:
+    if (head_dim := parse_number(a.head_dim, "head_dim", int, 2)) % 2:
         raise UserError(f"RoPE needs an even head dimension, got --head_dim {head_dim}")
     lengths, bases = parse_list(a.lengths, "lengths", int), parse_list(a.bases, "bases", float) if a.bases else []
     if min(lengths) < 1 or any(not b > 1 for b in bases):

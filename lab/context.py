@@ -24,9 +24,11 @@ from data.dataset import doc_windows, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import load_run, mean_stderr, score_rows
-from runtime import (UserError, claim_output, command_parser, distinct, json_text, number, parse_list, run_cli, run_home,
-                     shared_values)
+from eval.score import score_rows
+from eval.summary import mean_stderr
+from runtime import load_run
+from common import (UserError, claim_output, command_parser, unique_runs, json_text, parse_number, parse_list,
+                    run_cli, run_home, shared_values)
 
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
@@ -50,9 +52,9 @@ def parse_args(argv):
         raise UserError("several runs need --out: the folder for their means (each run's sweep goes into its folder)")
     return dict(shared_values(a), more_runs=[Path(r) for r in a.more_runs], contexts=contexts,
                 options=[x for x in argv if x not in (a.run_dir, *a.more_runs)],
-                methods=parse_list(a.methods, "methods", str, FIXED), units=number(a.units, "units", int, 1),
-                targets=None if a.targets == "auto" else number(a.targets, "targets", int, 1),
-                factor=a.factor if a.factor in ("max", "grow") else number(a.factor, "factor", float, 1))
+                methods=parse_list(a.methods, "methods", str, FIXED), units=parse_number(a.units, "units", int, 1),
+                targets=None if a.targets == "auto" else parse_number(a.targets, "targets", int, 1),
+                factor=a.factor if a.factor in ("max", "grow") else parse_number(a.factor, "factor", float, 1))
 
 
 def factor_at(method, c, C, train_len, factor):
@@ -194,7 +196,7 @@ def sweeps(args):
     if len(runs) == 1:
         return context_sweep(args)
     out = claim_output(args["out"], "context_mean")
-    reports = [context_sweep(dict(args, run_dir=r, out=run_home(r))) for r in distinct(runs, "run")]
+    reports = [context_sweep(dict(args, run_dir=r, out=run_home(r))) for r in unique_runs(runs, "run")]
     avg = means(reports)
     command = shlex.join(["python", "lab/context.py", *map(str, runs), *args["options"]])
     md = mean_table(avg, command)

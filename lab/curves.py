@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import png, pyplot, write_all
-from runtime import UserError, claim_output, command_parser, distinct, run_cli, run_labels, shared_values
+from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values
 
 YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
 
@@ -36,7 +36,7 @@ def entry(path, lineno, line):
 
 def curves(runs, out):
     claim_output(out, "curves")
-    runs = distinct(runs, "run")
+    runs = unique_runs(runs, "run")
     logs = dict(zip(run_labels(runs, [Path(r).resolve().name for r in runs]), map(read_log, runs)))
     metrics = [m for m in YLABELS if m == "val" or any(m in e for log in logs.values() for e in log)]
     fig, axes = pyplot().subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)

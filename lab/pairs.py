@@ -12,14 +12,18 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import load_split
-from data.synthetic import copy_trials, random_vocab
+from data.synthetic import random_vocab
+from lab.trials import copy_trials
 from eval.methods import forward_args, method_factor
 from eval.report import json_csv, png, pyplot, write_all
-from eval.score import load_run, score_rows
+from eval.score import score_rows
+from runtime import load_run
 from lab.stats import LEVEL, RETRIEVES, holm, interval
-from model import AS_TRAINED, Method
-from rope import first_negative, yarn_attention_factor
-from runtime import UserError, claim_output, command_parser, distinct, number, parse_list, run_cli, shared_values
+from positions import AS_TRAINED, Method
+from lab.bound import first_negative
+from rope import yarn_attention_factor
+from common import (UserError, claim_output, command_parser, unique_runs, parse_number, parse_list, run_cli,
+                    shared_values)
 
 CSV_FIELDS = ("variant", "distance", "factor", "top1", "lo", "hi", "bound_negative_at")
 
@@ -34,14 +38,14 @@ def parse_args(argv):
             ("betas", "4/1,8/1,16/1,64/1,32/0.25,32/0.5,32/2,32/4", "YaRN's beta_fast/beta_slow pairs beside its 32/1")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     a = p.parse_args(argv)
-    betas = [tuple(number(x, "betas", float, 0) for x in b.split("/")) for b in a.betas.split(",")]
+    betas = [tuple(parse_number(x, "betas", float, 0) for x in b.split("/")) for b in a.betas.split(",")]
     if any(len(b) != 2 or min(b) <= 0 or b[0] <= b[1] for b in betas):
         raise UserError(f"--betas {a.betas}: each a beta_fast/beta_slow pair with beta_fast > beta_slow > 0")
     distances = parse_list(a.distances, "distances", float)
     if min(distances) <= 1:
         raise UserError(f"--distances {a.distances}: multiples of the training length above 1 (inside it no pair is scaled)")
-    return dict(shared_values(a), runs=[Path(r) for r in distinct(a.runs, "run")], distances=distances,
-                trials=number(a.trials, "trials", int, 2), segment=number(a.segment, "segment", int, 2), betas=betas,
+    return dict(shared_values(a), runs=[Path(r) for r in unique_runs(a.runs, "run")], distances=distances,
+                trials=parse_number(a.trials, "trials", int, 2), segment=parse_number(a.segment, "segment", int, 2), betas=betas,
                 copy_source="random", command=" ".join(["python lab/pairs.py", *argv]))
 
 

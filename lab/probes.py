@@ -14,16 +14,19 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import doc_windows, load_split
-from data.synthetic import KEY_DIGITS, copy_trials, mqar_rows, passkey_row, random_vocab
+from data.synthetic import mqar_rows, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
                           parse_pairs, unavailable, usable)
 from lab.stats import RETRIEVES
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import bin_edges, load_run, mean_stderr, score_rows
-from model import visible
-from rope import first_negative
-from runtime import UserError, claim_output, command_parser, number, parse_list, run_cli, shared_values
+from eval.score import score_rows
+from eval.summary import bin_edges, mean_stderr
+from positions import visible
+from lab.bound import first_negative
+from lab.trials import KEY_DIGITS, copy_trials, passkey_row
+from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
+from runtime import load_run
 from wandb_runs import log_results, probe_metrics
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
@@ -48,8 +51,8 @@ def parse_args(argv):
     args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],
                 probes=parse_list(a.probes, "probes", str, PROBES), methods=parse_list(a.methods, "methods", str, METHODS),
                 distances=parse_list(a.distances, "distances", float), lengths=parse_list(a.lengths, "lengths", float),
-                depths=parse_list(a.depths, "depths", float), trials=number(a.trials, "trials", int, 2),
-                segment=number(a.segment, "segment", int, 2),
+                depths=parse_list(a.depths, "depths", float), trials=parse_number(a.trials, "trials", int, 2),
+                segment=parse_number(a.segment, "segment", int, 2),
                 pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
     if a.copy_source not in ("random", "text"):
         raise UserError(f"--copy_source {a.copy_source!r} is not one of: random, text")

@@ -105,7 +105,9 @@ def ratio_interval(num, den, groups=None, n_boot=REPLICATES, seed=0):
     mean_n, reps_n = bootstrap(num, groups, n_boot, seed)
     mean_d, reps_d = bootstrap(den, groups, n_boot, seed)
     shares = np.where(reps_d > 0, reps_n / np.where(reps_d > 0, reps_d, 1), np.sign(reps_n) * np.inf)
-    lo, hi = np.quantile(shares, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    # between two infinite replicates linear interpolation is inf - inf: take the replicate itself there
+    how = "linear" if np.isfinite(shares).all() else "inverted_cdf"
+    lo, hi = np.quantile(shares, [(1 - LEVEL) / 2, (1 + LEVEL) / 2], method=how)
     return dict(mean=mean_n / mean_d if mean_d > 0 else None, lo=float(lo), hi=float(hi), gain=mean_d)
 
 

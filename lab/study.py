@@ -2,7 +2,6 @@
 import json
 import math
 import os
-from functools import lru_cache
 import shlex
 import subprocess
 import sys
@@ -14,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
 from eval.methods import METHODS
-from lab.stats import LEVEL, both, blocks, documents, interval, ratio_interval, replicates, seed_test
-from runtime import ROOT, UserError, claim_output, command_parser, json_text, load_checkpoint, number, run_cli, shared_values
+from lab.family import decide, declare, paired, past_l, same_options, shared_docs
+from lab.stats import LEVEL, blocks, interval, ratio_interval
+from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values
+from runtime import load_checkpoint
 from wandb_runs import contrast_metrics, log_results
 from config import load_config
 
@@ -40,19 +41,6 @@ def step(what, cmd, wandb_log=True):
         raise UserError(f"{what} failed (command: {shlex.join(cmd[1:])}); fix it and run the study again to resume")
 
 
-def same_options(a, b):
-    """Whether two option lists say the same: each --flag with the values after it, in any order of the flags."""
-    def groups(options):
-        flags = []
-        for x in options:
-            if x.startswith("--") or not flags:
-                flags.append([x])
-            else:
-                flags[-1].append(x)
-        return sorted(flags)
-    return groups(a) == groups(b)
-
-
 def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log=True):
     """Train (or resume) and evaluate one run unless that is done already; returns its folder."""
     run_dir = out / (name := f"{Path(config).stem}_seed{seed}")
@@ -73,34 +61,6 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log
     if probe_args is not None and (not rep or rep["checkpoint_iter"] != done[0] or not same_options(rep["options"], probe_args)):
         step(f"probe {name}", [sys.executable, str(ROOT / "lab" / "probes.py"), str(run_dir), *probe_args], wandb_log)
     return run_dir
-
-
-@lru_cache(maxsize=None)
-def val_bounds(dataset):
-    """The val split's document bounds of a report's dataset folder (in another checkout: data/ of the same name), or None."""
-    for folder in (Path(dataset), ROOT / "data" / Path(dataset).name):
-        if (folder / "val_docs.npy").is_file():
-            return np.load(folder / "val_docs.npy")
-
-
-def unit_docs(rep, key):
-    """Each unit's held-out document for rep["units"][key] (key: 'windows 512'): as eval/extrapolate.py recorded it, or
-    for an older report from the starts and its dataset's document bounds; None where neither can be had."""
-    if key in (rep.get("unit_docs") or {}):
-        return rep["unit_docs"][key]
-    if key in (rep.get("units") or {}) and rep.get("dataset") and (bounds := val_bounds(rep["dataset"])) is not None:
-        return documents(rep["units"][key], bounds).tolist()
-
-
-def shared_docs(seeds, key, what):
-    """The units' documents, the same for every seed (each seed was scored on the same windows), or None if unknown."""
-    docs = [unit_docs(rep, key) for rep in seeds]
-    if any(d is None for d in docs):
-        return None
-    if any(d != docs[0] for d in docs):
-        raise UserError(f"{what}: the seeds were scored on windows of different documents; "
-                        "evaluate every seed with the same options")
-    return docs[0]
 
 
 def spread(values, what, groups=None, unit="window"):
@@ -150,32 +110,6 @@ def aggregate_probes(reports):
                 row["per_seed"].append(float(np.mean(v)))
                 units.setdefault(key, []).append(v)
     return [dict(r, value=spread(units[key], " ".join(map(str, key)), unit="trial")) for key, r in rows.items()]
-
-
-def past_l(rep):
-    """{(method label, length): {metric: per-window values}} of a report's windows protocol past L (None: not available)."""
-    return {(label(r), r["eval_len"]): r["per_unit"] or {} for r in rep["results"]
-            if r["protocol"] == "windows" and r["eval_len"] > rep["train_len"]}
-
-
-def declare(kind, config, method, ref, at, per_seed, groups, margin):
-    """A declared contrast: per seed its per-unit values (a seed without them is left out), the units' documents."""
-    v = [x for x in per_seed if x is not None]
-    return dict(kind=kind, config=config, method=method, ref=ref, at=at, groups=groups, margin=margin,
-                values=np.array(v, dtype=np.float64)) if v and len({len(x) for x in v}) == 1 else None
-
-
-def paired(mine, theirs, a, b, metric):
-    """Per seed k: mine[k][a][metric] minus theirs[k][b][metric], unit by unit (b None: mine's alone); None for a seed
-    where either is missing. mine, theirs: per seed {key: {metric: per-unit values}}."""
-    out = []
-    for p, q in zip(mine, theirs):
-        x, y = p.get(a, {}).get(metric), q.get(b, {}).get(metric) if b else 0.0
-        if x is None or y is None or (b and len(x) != len(y)):  # different trial counts cannot be paired
-            out.append(None)
-        else:
-            out.append(np.subtract(x, y))
-    return out
 
 
 def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
@@ -276,28 +210,6 @@ def distinct(family):
             continue
         dropped.append(dict(config=c["config"], method=c["method"], at=c["at"], reason=reason))
     return kept, dropped
-
-
-def decide(family):
-    """Each contrast's interval, bootstrap p, seed-level t-test and TOST, the family decided by Holm on both tests:
-    "lower/higher than ref" where both reject, else "equivalent within +-margin" where both one-sided pairs reject
-    (Holm over the family too), else "no difference found". Replicates: enough for Holm's smallest threshold."""
-    n_boot = replicates(len(family))
-    tested = [(interval(c["values"], c["groups"], n_boot, margin=c["margin"]), seed_test(c["values"], c["margin"]) or {})
-              for c in family]
-    apart = both([b["p"] for b, _ in tested], [t.get("p") for _, t in tested])
-    same = both([b["p_tost"] for b, _ in tested], [t.get("p_tost") for _, t in tested])
-    rows = []
-    for c, (b, t), differ, equivalent in zip(family, tested, apart, same):
-        rows.append(dict(kind=c["kind"], config=c["config"], method=c["method"], ref=c["ref"], at=c["at"],
-                         **({"eval_len": c["at"]} if c["kind"] != "probe" else {"distance": c["at"]}),
-                         unit="document" if c["groups"] is not None else "trial" if c["kind"] == "probe" else "window",
-                         **{k: b[k] for k in ("mean", "lo", "hi", "p", "p_method", "seeds", "units", "clusters", "p_tost")},
-                         t=t.get("t"), p_seed=t.get("p"), p_tost_seed=t.get("p_tost"), margin=c["margin"],
-                         decision=f"{'lower' if b['mean'] < 0 else 'higher'} than {c['ref']}" if differ else "undecided",
-                         equivalence=None if differ else f"equivalent within +-{c['margin']:g}" if equivalent
-                         else "no difference found"))
-    return rows, n_boot
 
 
 def contrasts(reports, probes=None, control=None, pairs=PAIRS, margin=MARGIN, rate_margin=RATE_MARGIN):
@@ -547,11 +459,11 @@ def parse_args(argv):
             ("rate_margin", str(RATE_MARGIN), "equivalence margin of a probe-rate contrast (top-1)")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default!r})")
     a = p.parse_args(argv)
-    args = dict(shared_values(a), configs=a.configs, seeds=number(a.seeds, "seeds", int, 1),
+    args = dict(shared_values(a), configs=a.configs, seeds=parse_number(a.seeds, "seeds", int, 1),
                 train_args=shlex.split(a.train_args), eval_args=shlex.split(a.eval_args),
                 probe_args=None if a.probe_args is None else shlex.split(a.probe_args),
                 control=a.control and Path(a.control).stem, ceiling=a.ceiling and Path(a.ceiling).stem, contrasts=parse_contrasts(a.contrasts),
-                margin=number(a.margin, "margin", float, 0), rate_margin=number(a.rate_margin, "rate_margin", float, 0))
+                margin=parse_number(a.margin, "margin", float, 0), rate_margin=parse_number(a.rate_margin, "rate_margin", float, 0))
     if clash := same_names(a.configs):
         raise UserError(f"configs {', '.join(clash)} share the name {Path(clash[0]).stem!r}, which names their runs "
                         "(<out>/<name>_seed<k>) and their rows: give each config once, under distinct file names")

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from lab.base_bound import base_bound, base_bound_curve, first_negative, parse_args, smallest_base, trained_freq
+from lab.base_bound import base_bound, parse_args, smallest_base
+from lab.bound import base_bound_curve, first_negative, trained_freq
 
 BASE = 10000.0
 

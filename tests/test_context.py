@@ -10,8 +10,8 @@ from torch.nn import functional as F
 import train
 from data.dataset import doc_windows, load_split
 from lab import context
-from eval.score import load_run
-from model import Method
+from runtime import load_run
+from positions import Method
 
 L, M = 32, 4  # training length of the tiny runs; default targets L // 8
 CONTEXTS = [8, 16, 32, 64, 128]  # 0.25x .. 4x

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import train
-from runtime import UserError, command_parser, run_cli
+from common import UserError, command_parser, run_cli
 from test_train import args, run_main, weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,8 +59,9 @@ def test_the_core_imports_no_lab_module():
 
 
 def test_rope_tables_are_built_once_per_scaling_and_device_with_the_same_numbers(monkeypatch):
-    import model as model_module
-    from model import GPT, GPTConfig, Method
+    import rope as rope_module
+    from model import GPT, GPTConfig
+    from positions import Method
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
@@ -72,8 +73,8 @@ def test_rope_tables_are_built_once_per_scaling_and_device_with_the_same_numbers
     with torch.no_grad():
         fresh = [fresh(n, s) for s in (None, yarn) for n in (48, 20)]
     builds = []
-    real = model_module.rope_frequencies
-    monkeypatch.setattr(model_module, "rope_frequencies", lambda *a: builds.append(a) or real(*a))
+    real = rope_module.rope_frequencies
+    monkeypatch.setattr(rope_module, "rope_frequencies", lambda *a: builds.append(a) or real(*a))
     gpt.rope_cache.clear()
     with torch.no_grad():
         cached = [gpt(idx[:, :n], method=Method(rope_scaling=s))[0] for s in (None, yarn) for n in (48, 20, 48)]

@@ -11,12 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import data.dataset
+import data.writer
 import data.text.prepare as text_prepare
-from data.dataset import is_prepared, load_meta, load_split, val_by_hash
+from data.dataset import is_prepared, load_meta, load_split
+from data.writer import val_by_hash
 from data.text.prepare import default_name, prepare
 from data.tokenizer import gpt2_tokenizer
-from runtime import run_cli
+from common import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 512
@@ -109,7 +110,7 @@ def test_second_run_is_a_noop(corpus, tmp_path, capsys):
 
 def test_parallel_workers_write_the_same_bytes(corpus, tmp_path, monkeypatch):
     folder, _ = corpus
-    monkeypatch.setattr(data.dataset, "CHUNK_CHARS", 100)  # many small chunks, many in flight at once
+    monkeypatch.setattr(data.writer, "CHUNK_CHARS", 100)  # many small chunks, many in flight at once
     monkeypatch.setattr(text_prepare, "PARQUET_BATCH_ROWS", 4)  # several Parquet batches
     one = prepare(folder, vocab_size=VOCAB, out_dir=tmp_path / "one", workers=1)
     four = prepare(folder, vocab_size=VOCAB, out_dir=tmp_path / "four", workers=4)

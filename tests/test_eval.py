@@ -12,10 +12,14 @@ import torch
 from torch.nn import functional as F
 
 import train
-from data.dataset import load_split
+from data.dataset import held_out, load_split
 from eval import compare, extrapolate
-from eval.score import load_run, score_sliding, score_windows, sliding_windows
-from model import KVCache, Method
+from common import UserError
+from eval.report import PLOT_BINS, extrapolation_table, plotted
+from eval.score import score_sliding, score_windows, sliding_windows
+from runtime import load_run
+from model import KVCache
+from positions import Method
 
 ROOT = Path(__file__).resolve().parents[1]
 L = 32  # training length of the tiny runs
@@ -317,7 +321,7 @@ def test_a_learned_table_is_not_available_past_its_size(learned_run, tmp_path, c
     assert at_1x["available"] and at_1x["loss"] > 0 and at_1x["reason"] is None
     assert not at_2x["available"] and "learned position table has 32 entries" in at_2x["reason"]
     assert all(at_2x[k] is None for k in LOSS_FIELDS)
-    assert (tmp_path / "extrapolation.png").stat().st_size > 0 and "n/a" in extrapolate.table(rep)
+    assert (tmp_path / "extrapolation.png").stat().st_size > 0 and "n/a" in extrapolation_table(rep)
 
 
 def error_of(argv):
@@ -373,7 +377,7 @@ def test_outputs_csv_png_and_table(report, rope_run, tmp_path):
     # windows: none, dynamic (causal); sliding: none, dynamic (sequence): x 2 lengths
     assert csv_rows[0] == ",".join(extrapolate.CSV_FIELDS) and len(csv_rows) == 1 + 8
     assert (out / "extrapolation.png").stat().st_size > 10_000
-    assert "dynamic-ntk (causal)" in extrapolate.table(report) and "2x=64" in extrapolate.table(report)
+    assert "dynamic-ntk (causal)" in extrapolation_table(report) and "2x=64" in extrapolation_table(report)
 
 
 def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
@@ -436,7 +440,7 @@ def test_a_run_that_fails_or_has_nothing_to_do_leaves_earlier_outputs_as_they_we
 
     def broken(*args):
         raise OSError("the figure failed")
-    monkeypatch.setattr(extrapolate, "plot", broken)  # a failure after the numbers, while drawing
+    monkeypatch.setattr(extrapolate, "extrapolation_plot", broken)  # a failure after the numbers, while drawing
     assert error_of([str(rope_run), "--out", str(tmp_path), "--lengths", "1", "--methods", "none", "--no-wandb"]).endswith(
         "the figure failed")
     assert outputs_of(tmp_path, names) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
@@ -468,10 +472,28 @@ def test_curves_of_an_empty_log_is_one_line_and_writes_nothing(tmp_path):
 
 def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_with_the_length(report):
     x = {T: r["crop_curve"]["x"] for T, r in by(report, "yarn").items()}
-    assert len(x[2 * L]) == len(x[4 * L]) == extrapolate.PLOT_BINS and x[4 * L][1] - x[4 * L][0] == 2 * (x[2 * L][1] - x[2 * L][0])
+    assert len(x[2 * L]) == len(x[4 * L]) == PLOT_BINS and x[4 * L][1] - x[4 * L][0] == 2 * (x[2 * L][1] - x[2 * L][0])
     for T, r in by(report, "pi").items():  # equal bins: their mean is the mean over every target
         crop = by(report, "crop")[T]
         assert np.mean(r["crop_curve"]["diff_crop"]) == pytest.approx(r["loss"] - crop["loss"], abs=1e-5)
     windows = [r for r in report["results"] if r["protocol"] == "windows"]
-    assert extrapolate.plotted(windows, None) == ["none", "pi", "ntk", "yarn", "llama3"]  # of the 12 evaluated
-    assert extrapolate.plotted(windows, ["logn", "crop"]) == ["logn"]  # crop is the zero line
+    assert plotted(windows, None) == ["none", "pi", "ntk", "yarn", "llama3"]  # of the 12 evaluated
+    assert plotted(windows, ["logn", "crop"]) == ["logn"]  # crop is the zero line
+
+
+def test_dev_and_test_are_the_even_and_odd_held_out_documents():
+    docs = np.array([[0, 10], [10, 25], [25, 31], [31, 50], [50, 52]])
+    dev, test = held_out(docs, "dev"), held_out(docs, "test")
+    assert dev.tolist() == [[0, 10], [25, 31], [50, 52]] and test.tolist() == [[10, 25], [31, 50]]
+    assert held_out(docs, "all") is docs
+    with pytest.raises(UserError, match="none of them test"):
+        held_out(docs[:1], "test")
+
+
+def test_crop_l_is_crop_before_a_fine_tune_and_leaky_rerope_reports_its_k(rope_run, tmp_path):
+    rep = run(rope_run, tmp_path, "--docs", "dev", "--lengths", "2", "--methods", "none,crop,crop-L,leaky-rerope",
+              "--protocols", "windows")
+    by = {r["method"]: r for r in rep["results"]}
+    assert rep["docs"] == "dev" and by["crop-L"]["per_unit"]["loss"] == by["crop"]["per_unit"]["loss"]  # trained at L: one truncation
+    assert by["leaky-rerope"]["positions"]["leak"] == 4  # 64 tokens, L 32, w 16: 16 + 47 / k <= 31 needs k >= 3.13
+    assert by["leaky-rerope"]["loss"] != by["none"]["loss"]

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from eval.methods import forward_args, self_extend_group, unavailable
-from model import GPT, GPTConfig, KVCache, Method, far_positions, merged_attention
+from model import GPT, GPTConfig, KVCache
+from positions import Method, far_positions, merged_attention
 from rope import apply_rope, default_inv_freq, rope_cos_sin
 
 
@@ -90,3 +91,55 @@ def test_the_kv_cache_gives_the_full_forward_and_the_method_acts_past_the_window
 def test_only_rope_takes_them():
     assert unavailable(tiny(pos_emb="alibi").config, "rerope", 64)
     assert unavailable(tiny().config, "self-extend", 64) is None
+
+
+def leaky(w, k):  # Leaky ReRoPE (Su 2023): exact within w, beyond it the distance grows k times slower
+    return lambda i, j: i - j if i - j < w else w + (i - j - w) / k
+
+
+@pytest.mark.parametrize("T, window, k", [(12, 4, 2), (13, 5, 3), (9, 1, 4)])
+def test_leaky_rerope_is_the_hand_built_one(T, window, k):
+    # the model's construction (GPT.layer_positions): far pairs with frequencies / k, queries moved w(k - 1) on
+    torch.manual_seed(0)
+    D = 8
+    q, k_, v = (torch.randn(1, 1, T, D, dtype=torch.float64) for _ in range(3))
+    theta = default_inv_freq(D, 10000.0)
+
+    def rotate(x, at, inv_freq):
+        cos, sin = rope_cos_sin(inv_freq, at)
+        return apply_rope(x, cos.double(), sin.double())
+    at = torch.arange(T)
+    got = merged_attention(rotate(q, at, theta), rotate(k_, at, theta), rotate(q, at + window * (k - 1), theta / k),
+                           rotate(k_, at, theta / k), v, window)[0, 0]
+    assert torch.allclose(got, by_hand(q[0, 0], k_[0, 0], v[0, 0], theta, leaky(window, k)), atol=1e-6)
+
+
+@torch.no_grad()
+def test_leaky_rerope_in_the_model_runs_from_none_at_k_1_to_rerope_as_k_grows():
+    model, idx = tiny(), torch.randint(0, 50, (2, 64))
+    plain, rerope_, none_ = model(idx)[0], model(idx, method=Method(extend=(8, None)))[0], model(idx, method=Method(extend=(8, None), leak=1))[0]
+    assert torch.allclose(none_, plain, atol=1e-4)  # k = 1: every distance exact
+    slow = model(idx, method=Method(extend=(8, None), leak=100000))[0]
+    assert torch.allclose(slow, rerope_, atol=2e-3) and not torch.allclose(slow, plain, atol=1e-2)
+
+
+def test_leaky_k_is_the_smallest_that_keeps_every_distance_inside_the_trained_ones():
+    # 256 tokens, L 64, w 32: 32 + 223 / k <= 63 needs k >= 7.19, so 8 (largest distance 59.9); inside L: 1
+    assert forward_args("leaky-rerope", 256, 64, 64) == Method(extend=(32, None), leak=8)
+    assert forward_args("leaky-rerope", 64, 64, 64).leak == 1
+    assert forward_args("leaky-rerope:window=16:k=3", 256, 64, 64) == Method(extend=(16, None), leak=3)
+
+
+def test_method_settings_reach_the_forward_and_bad_ones_are_one_line_errors():
+    from eval.methods import parse_methods
+    from common import UserError
+    assert forward_args("self-extend:window=16:group=3", 256, 64, 64) == Method(extend=(16, 3))
+    assert forward_args("rerope:window=48", 256, 64, 64) == Method(extend=(48, None))
+    assert forward_args("yarn:beta_fast=4:beta_slow=0.5", 256, 64, 64).rope_scaling == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 4.0, "beta_slow": 0.5}
+    # crop-L: a fine-tune (run_len 256) cropped to the length it was extended from (64)
+    assert forward_args("crop-L", 512, 64, 256) == Method(crop=64) and forward_args("crop", 512, 64, 256) == Method(crop=256)
+    assert parse_methods("yarn,yarn:beta_fast=4,yarn") == ["yarn", "yarn:beta_fast=4"]
+    for bad in ("yarn:window=4", "rerope:window=0", "rerope:window=x", "nope", "pi:factor=2"):
+        with pytest.raises(UserError):
+            parse_methods(bad)

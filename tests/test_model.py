@@ -6,7 +6,9 @@ import torch
 
 from eval.methods import applicable, forward_args, unavailable
 from eval.score import score_rows
-from model import GPT, GPTConfig, KVCache, Method, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
+from config import gpt_config
+from model import GPT, GPTConfig, KVCache
+from positions import Method, Positions, alibi_bias, alibi_slopes, plain, sinusoidal_embedding
 
 L = 16
 
@@ -15,6 +17,11 @@ def tiny(**kw):
     torch.manual_seed(0)
     cfg = dict(block_size=L, vocab_size=97, n_layer=2, n_head=2, n_embd=32)
     return GPT(GPTConfig(**{**cfg, **kw})).eval()
+
+
+def checked(**kw):
+    """tiny's config as a user's keys come in: checked once, by config.gpt_config (the model trusts its config)."""
+    return gpt_config({**dict(block_size=L, vocab_size=97, n_layer=2, n_head=2, n_embd=32), **kw})
 
 
 
@@ -124,7 +131,7 @@ def test_rope_models_run_past_the_training_length():
 ])
 def test_bad_model_config_is_a_clear_error(kw, message):
     with pytest.raises(ValueError, match=message):
-        tiny(**kw)
+        checked(**kw)
 
 
 def test_alibi_slopes_by_hand():
@@ -160,7 +167,7 @@ def test_alibi_attention_is_softmax_of_scaled_scores_plus_the_bias():
     y = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1) @ v
     expected = attn.c_proj(y.transpose(1, 2).reshape(2, T, 32))
     with torch.no_grad():
-        out = attn(x, Positions(None, None, alibi_bias(alibi_slopes(H), T, T, None, "cpu"), None, None, None), None)
+        out = attn(x, Positions(plain, mask=alibi_bias(alibi_slopes(H), T, T, None, "cpu")), None)
     assert torch.allclose(out, expected, atol=1e-6)
 
 

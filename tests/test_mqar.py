@@ -11,11 +11,11 @@ import torch
 
 from config import DEFAULTS, load_config
 from data.dataset import get_rows
-from data.synthetic import copy_rows, mix_copies, mix_mqar, mqar_batch, mqar_rows
-from lab import probes
+from data.synthetic import copy_rows, mix_copies, mix_mqar, mix_retrieval, mqar_batch, mqar_rows
+from lab import probes, trials
 from runtime import model_from_checkpoint
 from tests.test_probes import COPIER
-from train import mix_synthetic
+
 
 MARK = 10 ** 6  # a filler id no key or value can equal: what the rows leave of the filler shows
 
@@ -94,7 +94,7 @@ def batches(config):
     out = []
     for _ in range(3):
         rows = get_rows(tokens, 16, 64, rng)
-        mix_synthetic(rows, rng, config, 256)
+        mix_retrieval(rows, rng, config, 256)
         out.append(rows)
     return hashlib.sha256(np.stack(out).astype(np.int64).tobytes()).hexdigest()
 
@@ -108,7 +108,7 @@ def test_the_copy_task_gives_the_same_batches_as_before():
     old = get_rows(np.arange(5000, dtype=np.uint16) % 300, 16, 64, np.random.default_rng(5))
     new = old.copy()
     mix_copies(old, np.random.default_rng(6), 0.5, 16, 256)
-    mix_synthetic(new, np.random.default_rng(6), copy, 256)
+    mix_retrieval(new, np.random.default_rng(6), copy, 256)
     assert (old == new).all()
 
 
@@ -122,7 +122,7 @@ def test_copy_rows_plant_the_given_text_segments():
 def test_text_copy_trials_plant_one_stretch_of_the_text_twice_d_tokens_apart():
     tokens = np.arange(10_000)  # every stretch of this "text" counts up by one: a planted stretch is recognisable
     args = dict(segment=8, seed=0, distances=[0.5, 2.0], trials=5, copy_source="text")
-    for d, rows in probes.copy_trials(tokens, np.array([[0, len(tokens)]]), 64, args, 256):
+    for d, rows in trials.copy_trials(tokens, np.array([[0, len(tokens)]]), 64, args, 256):
         first = rows[:, 1:9]
         assert (rows[:, 1 + d:9 + d] == first).all() and (rows[:, -8:] == first).all()  # the repeat ends the row
         assert (np.diff(first, axis=1) == 1).all() and (first[:, 0] != rows[:, 0] + 1).any()  # text, not the filler's own

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab import pairs, probes
+from lab import pairs, probes, trials
 from model import GPT, GPTConfig
 from runtime import model_from_checkpoint
 from tests.test_probes import COPIER
@@ -39,7 +39,7 @@ def test_the_sweep_ends_are_the_probes_none_and_pi_on_the_copier():
     tokens, docs = np.random.default_rng(0).integers(0, 256, 20_000), np.array([[0, 20_000]])
     args = dict(segment=16, seed=0, distances=[2.0], trials=12, methods=["none", "pi", "yarn"], train_len=L)
     top1 = {r["method"]: r["top1"] for r in probes.copy_probe(model, tokens, docs, args, 256)}
-    rows, contrasts = pairs.measure([model, model], probes.copy_trials(tokens, docs, L, args, 256), L, 16, [(8.0, 1.0)])
+    rows, contrasts = pairs.measure([model, model], trials.copy_trials(tokens, docs, L, args, 256), L, 16, [(8.0, 1.0)])
     by = {r["variant"]: r for r in rows}
     assert by["fastest 0"]["top1"] == pytest.approx(top1["none"], abs=1e-9)
     assert by["fastest 16"]["top1"] == pytest.approx(top1["pi"], abs=1e-9)

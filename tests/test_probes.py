@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from data.synthetic import KEY_DIGITS, NEEDLE, QUESTION, copy_chunk_row, copy_rows, mix_copies, passkey_row, plant_repeat, random_vocab
+from lab.trials import KEY_DIGITS, NEEDLE, QUESTION, passkey_row
+from data.synthetic import copy_chunk_row, copy_rows, mix_copies, plant_repeat, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from lab import probes
-from lab.base_bound import first_negative, smallest_base, trained_freq
+from lab.base_bound import smallest_base
+from lab.bound import first_negative, trained_freq
 from lab.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
-from model import GPT, GPTConfig, visible
+from model import GPT, GPTConfig
+from positions import visible
 from rope import apply_rope
 from runtime import model_from_checkpoint
 
@@ -223,8 +226,8 @@ def test_a_learned_table_gets_only_crop_past_its_length(tmp_path_factory, datase
         assert r["available"] == (r["eval_len"] <= 32 or r["method"] == "crop"), r
 
 
-def test_train_start_up_note_names_where_the_bound_fails_and_counts_p_rope_unrotated_pairs():
-    from train import base_bound_note
+def test_the_base_bound_note_names_where_the_bound_fails_and_counts_p_rope_unrotated_pairs():
+    from lab.bound import base_bound_note
     # head dim 32, base 1e4: B_m first < 0 at m = 474 (lab/base_bound.py's table), inside 16 x 256
     assert "from distance 474" in base_bound_note(GPTConfig(vocab_size=10))
     assert "from distance 3478" in base_bound_note(GPTConfig(vocab_size=10, rope_base=1e6))

@@ -21,7 +21,7 @@ from eval import compare, extrapolate
 from lab import base_bound, context, curves, pairs, probes, study
 from eval.report import json_csv
 from model import GPT, GPTConfig
-from runtime import json_text, number, parse_list, run_cli
+from common import json_text, parse_number, parse_list, run_cli
 from test_safety import log_iters, one_line
 from test_train import args, run_main
 
@@ -185,7 +185,7 @@ def test_non_finite_numbers_are_refused_in_every_option_and_key(tmp_path):
     for argv, message in ((["--learning_rate=1e999"], "learning_rate=inf"), (["--min_lr=nan"], "min_lr"),
                           (["--grad_clip=1e999"], "not a finite number"), (["--beta1=1.5"], "use 0 <= beta1 < 1")):
         one_line(error("train.py", load_config, argv), message)
-    one_line(error("x", number, "inf", "factor", float, 1), "--factor 'inf' is not a finite number")
+    one_line(error("x", parse_number, "inf", "factor", float, 1), "--factor 'inf' is not a finite number")
     one_line(error("x", parse_list, "1,inf", "lengths", float), "--lengths '1,inf': inf is not a finite number")
     one_line(error("x", parse_list, "nan", "lengths", float), "--lengths 'nan': nan is not a finite number")
     for cli, argv in ((extrapolate, ["--factor", "inf"]), (extrapolate, ["--lengths", "inf"]),
@@ -245,7 +245,7 @@ def test_a_report_without_protocol_is_one_line_in_compare(tmp_path):
 def test_out_of_memory_says_what_to_lower(dataset, tmp_path, monkeypatch):
     def oom(*a):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-    monkeypatch.setattr(train, "mix_synthetic", oom)
+    monkeypatch.setattr(train, "mix_retrieval", oom)
     one_line(run_main(args(dataset, tmp_path)), "out of memory", "lower --batch_size")
 
 
@@ -254,7 +254,7 @@ def test_ctrl_c_in_training_says_where_and_how_to_resume(dataset, tmp_path, monk
     def ctrl_c(*a):  # the 8th batch: iteration 7, after the checkpoint at 5
         if next(steps) == 7:
             raise KeyboardInterrupt
-    monkeypatch.setattr(train, "mix_synthetic", ctrl_c)
+    monkeypatch.setattr(train, "mix_retrieval", ctrl_c)
     code, _, err = interrupted(train.main, args(dataset, tmp_path, eval_interval=5), capsys)
     assert code == 130 and err.strip() == ("train.py: interrupted at iter 7; resume with --init_from=resume "
                                            "(from its checkpoint at iter 5)")

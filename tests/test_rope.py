@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from rope import apply_rope, check_scaling, rope_cos_sin, rope_frequencies
+from rope import apply_rope, rope_cos_sin, rope_frequencies
+from config import check_scaling, gpt_config
 
 D, BASE, L = 32, 10000.0, 256
 STATIC = [None,
@@ -14,6 +15,11 @@ STATIC = [None,
           {"rope_type": "ntk", "factor": 4.0},
           {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L}]
 
+
+
+def checked(**kw):
+    """GPTConfig as a user's keys come in: checked once, by config.gpt_config (the model and rope.py trust it)."""
+    return gpt_config(kw)
 
 def rotate(x, pos, scaling=None, layout="half", dim=D):
     inv_freq, factor = rope_frequencies(dim, BASE, scaling)
@@ -241,12 +247,12 @@ def test_bad_scaling_is_a_clear_error(scaling, message):
     assert "\n" not in str(error.value)
     if "original_max" not in message:  # a config fills the original length in with its block_size
         with pytest.raises(ValueError, match=re.escape(message)):
-            GPTConfig(block_size=L, n_embd=2 * D, n_head=2, rope_scaling=scaling)
+            checked(block_size=L, n_embd=2 * D, n_head=2, rope_scaling=scaling)
 
 
 def test_odd_head_dim_is_a_clear_error():
     with pytest.raises(ValueError, match=re.escape("RoPE needs an even head dimension, got n_embd/n_head = 33")):
-        GPTConfig(n_embd=66, n_head=2)
+        checked(n_embd=66, n_head=2)
 
 
 def test_p_rope_angles_by_hand():
@@ -295,7 +301,7 @@ def test_p_rope_unrotated_channels_of_q_k_do_not_depend_on_position(layout, unro
 ])
 def test_bad_rope_fraction_is_a_clear_error(fraction, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        rope_frequencies(D, BASE, fraction=fraction)
+        checked(n_embd=2 * D, n_head=2, rope_fraction=fraction)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -374,9 +380,9 @@ def test_longrope_lists_are_one_factor_per_rotating_pair():
         check_scaling({**PHI3, "long_factor": PHI3_LONG[:-1]}, D)
     # with partial_rotary_factor (Phi-4-mini: 0.75) the lists cover the rotary pairs only: int(32 * 0.75) / 2 = 12
     with pytest.raises(ValueError, match=re.escape("short_factor must be a list of 12 numbers > 0")):
-        GPTConfig(n_embd=2 * D, n_head=2, rope_scaling={**PHI3, "partial_rotary_factor": 0.75})
+        checked(n_embd=2 * D, n_head=2, rope_scaling={**PHI3, "partial_rotary_factor": 0.75})
     partial = {**PHI3, "partial_rotary_factor": 0.75, "short_factor": PHI3_SHORT[:12], "long_factor": PHI3_LONG[:12]}
-    GPTConfig(n_embd=2 * D, n_head=2, rope_scaling=partial)
+    checked(n_embd=2 * D, n_head=2, rope_scaling=partial)
     expected = [BASE ** (-2 * i / 24) / PHI3_LONG[i] for i in range(12)] + [0.0] * 4
     assert rope_frequencies(D, BASE, partial, seq_len=5000)[0].tolist() == pytest.approx(expected, rel=1e-6)
 
@@ -471,12 +477,12 @@ def test_a_key_transformers_would_ignore_or_refuse_is_a_one_line_error(scaling, 
         check_scaling(scaling)
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match=re.escape(message)):
-        GPTConfig(block_size=L, n_embd=2 * D, n_head=2, rope_scaling=scaling)
+        checked(block_size=L, n_embd=2 * D, n_head=2, rope_scaling=scaling)
 
 
 def test_odd_rotary_dim_is_a_clear_error():
     with pytest.raises(ValueError, match=re.escape("partial_rotary_factor=0.3: rotary dim int(32 * p) = 9, odd or 0")):
-        GPTConfig(n_embd=2 * D, n_head=2, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.3})
+        checked(n_embd=2 * D, n_head=2, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.3})
 
 
 def test_a_scaling_at_evaluation_keeps_the_trained_dicts_base_and_rotary_share():

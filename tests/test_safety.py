@@ -15,7 +15,7 @@ import data.dataset as dataset_module
 import data.shakespeare.prepare as shakespeare
 import train
 from data.dataset import load_meta, prepare_command, shakespeare_vocab
-from runtime import run_cli
+from common import run_cli
 from test_train import args, run_main, weights
 
 

@@ -142,7 +142,7 @@ def test_a_fine_tuned_run_samples_with_the_methods_the_evaluation_scores(tmp_pat
     run_sample(run_dir, "--max_new_tokens", str(8 * L - 1), "--method", "yarn")  # EOT + 127 new = 8 L
     expected = forward_args("yarn", 8 * L, L, 4 * L)
     assert expected.rope_scaling == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L}
-    assert f"method yarn: {expected.given()}" in capsys.readouterr().err
+    assert f"method yarn: {expected.settings()}" in capsys.readouterr().err
 
 
 def test_auto_factor_covers_the_whole_sample(tmp_path, capsys):
@@ -178,7 +178,7 @@ def test_alibi_and_p_rope_runs_sample_far_past_the_training_length(tmp_path):
         assert len(run_sample(run_dir, "--max_new_tokens", str(4 * L), "--method", method)) == 1
     with pytest.raises(SystemExit) as e:
         run_sample(alibi, "--method", "yarn")
-    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, window, sinks, logn"
+    assert str(e.value) == "sample.py: error: --method yarn: rescales RoPE: a pos_emb='alibi' model takes none, crop, window, sinks, logn, crop-L"
 
 
 @pytest.mark.parametrize("argv, message", [

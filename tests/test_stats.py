@@ -158,4 +158,5 @@ def test_the_ratio_of_two_gains_resamples_both_alike():
     noisy = stats.ratio_interval(0.25 * den + rng.normal(0, 0.05, den.shape), den)
     assert noisy["lo"] < noisy["mean"] < noisy["hi"] and noisy["hi"] - noisy["lo"] > 0.05
     # a gain that vanishes: no share, and an interval that says so
-    assert stats.ratio_interval(den, den - 0.5)["mean"] is None
+    gone = stats.ratio_interval(den, den - 0.5)
+    assert gone["mean"] is None and gone["lo"] == gone["hi"] == math.inf

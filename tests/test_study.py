@@ -8,8 +8,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from lab import stats, study
-from runtime import ROOT
+from lab import family, stats, study
+from common import ROOT
 
 
 
@@ -402,10 +402,10 @@ def test_documents_are_the_unit_recorded_or_derived_from_the_dataset(tmp_path):
     assert "over 3 seeds x 8 windows from 2 documents]\n" in md
     # an older report: the documents come from the units' starts and the dataset's val_docs.npy
     old = {"rope_small": [seed(k, False) for k in range(3)]}
-    assert study.unit_docs(old["rope_small"][0], "windows 64") is None  # no val_docs.npy yet: cannot say
+    assert family.unit_docs(old["rope_small"][0], "windows 64") is None  # no val_docs.npy yet: cannot say
     np.save(tmp_path / "val_docs.npy", bounds)
-    study.val_bounds.cache_clear()
-    assert study.unit_docs(old["rope_small"][0], "windows 64") == [0, 0, 0, 0, 1, 1, 1, 1]
+    family.val_bounds.cache_clear()
+    assert family.unit_docs(old["rope_small"][0], "windows 64") == [0, 0, 0, 0, 1, 1, 1, 1]
     # the width table: windows, blocks (of 16L and 64L: larger than a document here, so one block a document), documents
     widths = study.unit_widths(reports)[64]
     assert [(u, n) for u, (n, _) in widths.items()] == [("window", 8), ("16L block", 2), ("64L block", 2), ("document", 2)]

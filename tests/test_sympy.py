@@ -5,7 +5,7 @@ import pytest
 
 from data.dataset import builtin, prepare_command
 from data.sympy import prepare as sympy
-from runtime import UserError
+from common import UserError
 
 
 def wheel(tmp_path, files):

@@ -204,12 +204,13 @@ def test_cli_exits_nonzero_with_one_line(tmp_path):
 
 
 def test_a_failed_corpus_download_is_one_line(tmp_path, monkeypatch):
-    import data.dataset as dataset
     import data.shakespeare.prepare as shakespeare
-    monkeypatch.setattr(train, "data_dir", lambda dataset: tmp_path)  # no prepared data here
+    import data.writer as writer
+    import runtime
+    monkeypatch.setattr(runtime, "data_dir", lambda dataset: tmp_path)  # no prepared data here
     monkeypatch.setattr(shakespeare, "is_prepared", lambda *a, **kw: False)
     monkeypatch.setattr(shakespeare.download, "__defaults__", (tmp_path,))  # an empty download cache
-    monkeypatch.setattr(dataset.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 1))  # pip offline
+    monkeypatch.setattr(writer.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 1))  # pip offline
     error = run_main(["--device=cpu", "--wandb_log=False", f"--out_dir={tmp_path / 'out'}"])
     assert error.startswith("train.py: error: `") and "failed (exit 1)" in error and "\n" not in error
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from config import load_config, model_config
-from model import KVCache, Method
-from test_model import L, sharpen, tiny  # pytest puts tests/ on the path
+from model import KVCache
+from positions import Method
+from test_model import L, checked, sharpen, tiny  # pytest puts tests/ on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,7 @@ def test_hybrid_with_ssmax_through_the_kv_cache_equals_the_full_forward(method, 
 ])
 def test_bad_interleaving_is_a_clear_error(kw, message):
     with pytest.raises(ValueError, match=message):
-        tiny(**kw)
+        checked(**kw)
 
 
 @pytest.mark.parametrize("name, keys", [

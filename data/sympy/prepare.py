@@ -13,8 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import VOCAB_SIZE, claim_corpus, is_prepared, pip_download, write_dataset
-from runtime import UserError, command_parser, run_cli
+from data.dataset import VOCAB_SIZE, is_prepared
+from data.writer import claim_corpus, pip_download, write_dataset
+from common import UserError, command_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0
 PACKAGE = "sympy==1.13.3"

@@ -20,9 +20,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
-from data.dataset import VOCAB_SIZE, builtin, claim_corpus, is_prepared, val_by_hash, write_dataset, write_documents
+from data.dataset import VOCAB_SIZE, builtin, is_prepared
+from data.writer import claim_corpus, val_by_hash, write_dataset, write_documents
 from data.tokenizer import GPT2_VOCAB_SIZE
-from runtime import UserError, command_parser, run_cli
+from common import UserError, command_parser, run_cli
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/

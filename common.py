@@ -1,0 +1,254 @@
+"""The torch-free helpers every command shares: one-line user errors, the CLI parser, output locks, atomic writes and
+strict JSON. Data preparation and reporting import this and never the model (so never torch)."""
+import argparse
+import atexit
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+OOM_HINT = {"train.py": "lower --batch_size (and raise --gradient_accumulation_steps to keep the tokens per iteration), "
+                         "--block_size or the model size",
+            "sample.py": "lower --num_samples or --max_new_tokens",
+            "extrapolate.py": "lower --lengths (the longest window is one forward) or --tokens"}
+
+
+class UserError(ValueError):
+    """Bad input from the user (an option, a config, a file): run_cli prints it as one line. A bug keeps its traceback."""
+
+
+def out_of_memory(e):
+    """Whether e is an allocator's failure (torch's is a RuntimeError; any other RuntimeError is a bug)."""
+    torch = sys.modules.get("torch")  # only a command that imported torch can meet its allocator
+    return (isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.OutOfMemoryError))
+            or "can't allocate memory" in str(e))
+
+
+def run_cli(prog, fn, *args):
+    """fn(*args), with an expected failure (UserError, OSError) as `prog: error: <one line>`, exit 1; Ctrl-C as
+    `prog: interrupted <where>`, exit 130; any other exception is a bug and keeps its traceback. The output folders
+    it claimed are released whatever happens."""
+    try:
+        return fn(*args)
+    except (UserError, OSError) as e:
+        sys.exit(f"{prog}: error: {' '.join(str(e).split())}")
+    except KeyboardInterrupt as e:  # what the command was doing, if it said (train.py: the iteration and how to resume)
+        print(f"{prog}: interrupted{' ' + str(e) if str(e) else ''}", file=sys.stderr)
+        sys.exit(130)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        sys.exit(f"{prog}: error: out of memory; {OOM_HINT.get(prog, 'use a smaller batch, length or model')}")
+    finally:
+        release_outputs()
+
+
+# ----------------------------------------------------------------------------- the one CLI parser
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # a ValueError, for run_cli's one line (argparse's own error takes two, with the usage)
+        raise UserError(message)
+
+
+def command_parser(doc, *shared, out=None, seed=0, wandb_log=None):
+    """An argparse parser whose errors are run_cli's one line, with the options commands share (named in shared), one
+    meaning each in every command: run_dir, a run folder; --out, the folder the results go into (default: out, else
+    the run folder, else required); --device; --seed; --wandb_log true|false (default: wandb_log; None, the run's own)
+    and --no-wandb, its short form. shared_values gives their values."""
+    p = _Parser(description=doc.split("\n\n")[0].strip())
+    if "run_dir" in shared:
+        p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
+    if "out" in shared:
+        required = out is None and "run_dir" not in shared
+        p.add_argument("--out", default=out, required=required, help="the folder the results are written into"
+                       + ("" if required else f" (default {out or 'RUN_DIR'})"))
+    if "device" in shared:
+        p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
+    if "seed" in shared:
+        p.add_argument("--seed", default=str(seed), help=f"seed of the random choices (default {seed})")
+    if "wandb" in shared:
+        p.add_argument("--wandb_log", default=wandb_log,
+                       help=f"log to wandb: true | false (default {wandb_log or 'as the run'})")
+        p.add_argument("--no-wandb", dest="wandb_log", action="store_const", const="false", help="--wandb_log false")
+    return p
+
+
+def shared_values(a):
+    """The shared options of a command_parser's parsed namespace a as values: run_dir and out as Paths (out: the run
+    folder if not given), the device picked, the seed an integer >= 0, wandb_log None (the run's own), True or False."""
+    if getattr(a, "out", None) is not None and not a.out.strip():  # "" is the current folder, which nobody means
+        raise UserError("--out is empty; name the folder to write into")
+    if getattr(a, "wandb_log", None) is not None and a.wandb_log.lower() not in ("true", "false"):
+        raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
+    values = dict(run_dir=lambda: Path(a.run_dir), out=lambda: run_home(a.run_dir) if a.out is None else Path(a.out),
+                  device=lambda: pick_device(a.device), seed=lambda: parse_number(a.seed, "seed", int, 0),
+                  wandb_log=lambda: None if a.wandb_log is None else a.wandb_log.lower() == "true")
+    return {k: value() for k, value in values.items() if k in a}
+
+
+def pick_device(name):
+    import torch  # here, not above: only a command that runs the model picks a device, and it has torch loaded already
+    kind, available = name.split(":")[0], dict(cuda=torch.cuda.is_available, mps=torch.backends.mps.is_available)
+    if kind not in ("auto", "cpu", "cuda", "mps"):
+        raise UserError(f"device={name!r} is not one of: auto, cpu, cuda, cuda:N, mps")
+    if kind in available and not available[kind]():
+        why = "Apple GPUs only" if kind == "mps" else f"torch {torch.__version__} " + (
+            f"(CUDA {torch.version.cuda}) sees no GPU" if torch.version.cuda else "is a CPU-only build")
+        raise UserError(f"device={name!r} but this torch has no {kind.upper()}: {why}; use --device=cpu or auto")
+    return name if kind != "auto" else next((k for k, ok in available.items() if ok()), "cpu")
+
+
+def parse_list(text, name, convert, allowed=None):
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UserError(f"--{name} is empty")
+    if allowed and (bad := [t for t in items if t not in allowed]):
+        raise UserError(f"unknown --{name} {', '.join(bad)}; allowed: {', '.join(allowed)}")
+    try:
+        values = list(dict.fromkeys(convert(t) for t in items))  # keep order, drop repeats
+    except ValueError:
+        raise UserError(f"--{name} {text!r} is not a comma-separated list of numbers") from None
+    if bad := [t for t, v in zip(items, map(convert, items)) if isinstance(v, float) and not math.isfinite(v)]:
+        raise UserError(f"--{name} {text!r}: {', '.join(bad)} is not a finite number")  # inf and nan pass range checks
+    return values
+
+
+def parse_number(text, name, convert, minimum):
+    try:
+        value = convert(text)
+    except ValueError:
+        raise UserError(f"--{name} {text!r} is not a{'n integer' if convert is int else ' number'}") from None
+    if not math.isfinite(value):  # inf passes `>= minimum`
+        raise UserError(f"--{name} {text!r} is not a finite number; use a number >= {minimum}")
+    if not value >= minimum:  # also catches nan
+        raise UserError(f"--{name} must be >= {minimum}, got {text}")
+    return value
+
+
+def unique_runs(paths, what):
+    """paths, refused if one is given twice (the same run, however written): its data would count twice."""
+    seen = {}
+    for p in paths:
+        if (key := run_home(p).resolve()) in seen:
+            raise UserError(f"{what} {p} is given twice ({seen[key]} and {p}); give each once")
+        seen[key] = p
+    return paths
+
+
+def run_labels(paths, names):
+    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line per run."""
+    shared = {n for n in names if names.count(n) > 1}
+    return [str(p) if n in shared else n for p, n in zip(paths, names)]
+
+
+def run_home(run_dir):
+    """The folder of a run given as its folder or its ckpt.pt: where its evaluations are written by default."""
+    return Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)
+
+
+def data_dir(dataset):
+    return Path(dataset) if Path(dataset).is_absolute() else ROOT / "data" / dataset
+
+
+# ----------------------------------------------------------------------------- strict JSON
+
+def json_safe(obj):
+    """obj with every non-finite float as None, for strict JSON (Infinity and NaN are not JSON; strict parsers refuse them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def json_text(obj, indent=None):
+    """Strict JSON of obj: what every file the project writes holds (a non-finite number as null)."""
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+
+
+# ----------------------------------------------------------------------------- the one lock system
+
+def take_lock(lock):
+    """Write this process's pid into the file lock and return None; if a live process other than this one (a restarted
+    container may reuse a pid) holds it, return its pid instead. A lock whose process has ended is taken over."""
+    with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
+        pid = int(lock.read_text())
+        with suppress(PermissionError):  # alive, another user's
+            os.kill(pid, 0)
+        if pid > 0 and pid != os.getpid():
+            return pid
+    lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
+    with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another process took it just now
+        f.write(str(os.getpid()))
+    return None
+
+
+_CLAIMED = []  # (lock, folders made for it) of claim_output, released by run_cli, write_all or at exit
+
+
+def claim_output(folder, name, lock_name=None, in_use=None):
+    """Make folder and hold folder/.<name>.lock (or lock_name) until the command ends: a second command writing the same
+    outputs there meanwhile is refused (in_use: what its error says), and a folder that cannot be written fails now, not
+    after the whole computation."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"output folder {folder} is a file: choose another --out")
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    lock = folder / (lock_name or f".{name}.lock")
+    in_use = in_use or f"another command is writing its {name} outputs there; wait for it, or give another --out"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if pid := take_lock(lock):
+            raise UserError(f"{folder} is in use by process {pid} ({lock}): {in_use}")
+    except FileExistsError:
+        raise UserError(f"{folder} is in use by another command ({lock}): {in_use}") from None
+    except OSError as e:  # read-only, or under a file: found now, not after the whole computation
+        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another --out") from None
+    _CLAIMED.append((lock, made))
+    return folder
+
+
+def release_outputs(folder=None):
+    """Remove this process's output locks (in folder, or all), and the folders made for outputs that never came."""
+    for item in [c for c in _CLAIMED if folder is None or c[0].parent == Path(folder)]:
+        _CLAIMED.remove(item)
+        lock, made = item
+        with suppress(OSError):  # gone already, or taken over by another process: not ours to remove
+            if lock.read_text() == str(os.getpid()):
+                lock.unlink()
+        with suppress(OSError):
+            for f in made:
+                f.rmdir()  # only if empty
+
+
+atexit.register(release_outputs)
+
+
+# ----------------------------------------------------------------------------- the one atomic writer
+
+@contextmanager
+def atomic(path):
+    """A file to write in place of path: a temp file beside it, synced and renamed over path when the block ends, removed
+    if it fails, so a crash leaves the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path, write):
+    """write(f) into path atomically (atomic)."""
+    with atomic(path) as f:
+        write(f)

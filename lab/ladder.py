@@ -1,0 +1,227 @@
+"""The regime ladder: is a zero-shot method's failure about the method or about the regime? Each rung is a folder of
+code_small_seed<k> (a model trained at L) and code_yarn4x_seed<k> (its 4L fine-tune with YaRN, the ceiling). Per rung:
+what the ceiling gains from context past L within one model (read with its full context minus itself cropped to L,
+`crop-L`: no extra training in the difference), and every zero-shot method on the L model against `crop`, past L at
+2x and 4x, `crop` exact (stride 1). Each method's settings are chosen on the dev documents (a grid, below); every
+reported number and decision is on the test documents. Writes ladder.{json,md,png} and shapes.md (the published
+zero-shot shapes beside the testbed's) into --out.
+
+    python lab/ladder.py out/ladder/base1e4 out/ladder/base200 out/ladder/base40 --seeds 2 --out out/ladder/page
+"""
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
+from eval.report import load_report, png, pyplot, write_all
+from lab.stats import LEVEL
+from lab.family import decide, declare, paired, past_l, same_options, shared_docs
+from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli
+
+LENGTHS = (2, 4)
+MARGIN = 0.01
+# dynamic-ntk is left out: in one forward over a window it is ntk at the window's factor (a test says so)
+DEFAULTS = ("pi", "ntk", "yarn", "llama3", "self-extend", "rerope", "leaky-rerope")
+
+
+def grid(L):
+    """The settings tried on dev beside each default: neighbour windows L/4 and 3L/4 (the default is L/2), Self-Extend's
+    group by the paper's formula for W = L/2 (G = (T - W) / (L - W): 3 at 2x, 7 at 4x; the default keeps every grouped
+    distance inside L: 4 and 8), YaRN's betas below LLaMA's (no pair turns 32 times within L = 64)."""
+    a, b = L // 4, 3 * L // 4
+    return {"yarn": ("yarn:beta_fast=8", "yarn:beta_fast=4", "yarn:beta_fast=2", "yarn:beta_fast=2:beta_slow=0.25"),
+            "self-extend": (f"self-extend:window={a}", f"self-extend:window={b}", "self-extend:group=3", "self-extend:group=7"),
+            "rerope": (f"rerope:window={a}", f"rerope:window={b}"),
+            "leaky-rerope": (f"leaky-rerope:window={a}", f"leaky-rerope:window={b}", "leaky-rerope:k=16")}
+
+
+# LLaMA-2 at 4k (head dim 128, base 10,000): beta_fast = 32 and beta_slow = 1 fall at pairs 21 and 45 of 64
+# (4096 / 2 pi * 10000^(-21/64) = 31.6 turns, 10000^(-45/64): 1.0)
+LLAMA2_SHARES = (21 / 64, 45 / 64)
+
+
+def turns(L, base, head_dim):
+    """How many times each frequency pair turns within L tokens: L * base^(-2i/d) / (2 pi)."""
+    return L * base ** (-np.arange(0, head_dim, 2) / head_dim) / (2 * math.pi)
+
+
+def rung_facts(rung, seed):
+    """The rung's L, base and head dimension (from its L model's checkpoint) and what they make of the pairs."""
+    config = torch.load(rung / f"code_small_seed{seed}" / "ckpt.pt", weights_only=True, map_location="cpu")["config"]
+    L, base, head_dim = config["block_size"], config["rope_base"], config["n_embd"] // config["n_head"]
+    t = turns(L, base, head_dim)
+    fast, slow = (L / (2 * math.pi) * base ** -share for share in LLAMA2_SHARES)  # the turns at that fraction of the pairs
+    return dict(rung=rung.name, L=L, base=base, head_dim=head_dim, pairs=len(t), periods=int((t >= 1).sum()),
+                fastest=float(t[0]), slowest=float(t[-1]), share_yarn=f"yarn:beta_fast={fast:.3g}:beta_slow={slow:.3g}")
+
+
+def evaluate(run_dir, docs, methods):
+    """run_dir/ladder_<docs>/extrapolation.json for these methods (reused when it has the same options)."""
+    out = run_dir / f"ladder_{docs}"
+    options = ["--lengths", ",".join(map(str, LENGTHS)), "--protocols", "windows", "--docs", docs, "--crop_stride", "1",
+               "--methods", ",".join(methods), "--no-wandb", "--out", str(out)]
+    if (out / "extrapolation.json").is_file() and same_options(load_report(out)["options"], options):
+        return load_report(out)
+    print(f"ladder: evaluate {run_dir} on {docs}", flush=True)
+    if subprocess.run([sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *options]).returncode:
+        raise UserError(f"evaluating {run_dir} failed (its error is above)")
+    return load_report(out)
+
+
+def past_crop(reports, method):
+    """Per seed, the method's mean loss minus crop's over the targets past L, averaged over LENGTHS (dev's score)."""
+    past = [past_l(rep) for rep in reports]
+    return float(np.mean([np.mean(p[(method, T)]["diff_crop"]) for p in past for T in {T for _, T in p}]))
+
+
+def choose(rungs, seeds, facts):
+    """Per rung, each method's setting with the lowest loss past L on dev (its default where nothing beats it)."""
+    chosen, tried = {}, {}
+    for rung, f in zip(rungs, facts):
+        extra = grid(f["L"])
+        settings = {m: (m, *extra.get(m, ()), *((f["share_yarn"],) if m == "yarn" else ())) for m in DEFAULTS}
+        reports = [evaluate(rung / f"code_small_seed{k}", "dev", ["crop", *(s for g in settings.values() for s in g)])
+                   for k in range(seeds)]
+        tried[rung.name] = {s: past_crop(reports, s) for g in settings.values() for s in g}
+        chosen[rung.name] = {m: min(g, key=tried[rung.name].get) for m, g in settings.items()}
+    return chosen, tried
+
+
+def contrasts(rungs, seeds, chosen):
+    """The declared family on test: per rung and length, the ceiling's gain (none minus crop-L, the same fine-tune)
+    and every method (defaults and dev-chosen settings) on the L model minus its crop."""
+    family = []
+    for rung in rungs:
+        methods = list(dict.fromkeys([*DEFAULTS, *chosen[rung.name].values()]))
+        base = [evaluate(rung / f"code_small_seed{k}", "test", ["none", "crop", *methods]) for k in range(seeds)]
+        top = [evaluate(rung / f"code_yarn4x_seed{k}", "test", ["none", "crop-L"]) for k in range(seeds)]
+        for T in sorted({T for _, T in past_l(base[0])}):
+            docs = shared_docs(base, f"windows {T}", f"{rung.name} at {T}")
+            gain = paired([past_l(r) for r in top], [past_l(r) for r in top], ("none", T), ("crop-L", T), "loss_beyond_train")
+            family.append(declare("ceiling", rung.name, "ceiling: full context - crop-L", "crop-L", T, gain, docs, MARGIN))
+            for m in ["none", *methods]:
+                values = paired([past_l(r) for r in base], [past_l(r) for r in base], (m, T), None, "diff_crop")
+                family.append(declare("crop", rung.name, m, "crop", T, values, docs, MARGIN))
+    return decide([c for c in family if c])
+
+
+def markdown(facts, tried, chosen, rows, seeds, n_boot, command):
+    L = {f["rung"]: f["L"] for f in facts}
+    lines = [f"# The regime ladder: {seeds} seeds a rung\n", f"Generated by `{command}`; regenerate it with that command.\n",
+             "## The rungs\n", "Pairs completing a period within L (LLaMA-2 at 4k: 46 of 64; the fastest turns 652 times, the "
+             "slowest 0.075); YaRN's betas at LLaMA-2's share of pairs: the betas that fall at the same fraction of the pairs "
+             "as 32 and 1 do on LLaMA-2 at 4k.\n", "| rung | L | base | head dim | pairs with a period in L | fastest turns | "
+             "slowest turns | YaRN at LLaMA-2's share |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {f['rung']} | {f['L']} | {f['base']:g} | {f['head_dim']} | {f['periods']} of {f['pairs']} | {f['fastest']:.1f} | "
+              f"{f['slowest']:.3g} | `{f['share_yarn']}` |" for f in facts]
+    lines += ["\n## Settings chosen on the dev documents\n", "Loss minus crop past L (nats), mean over seeds, 2x and 4x "
+              "averaged, on the dev documents (the even-numbered held-out files); the chosen setting in bold.\n"]
+    for rung, scores in tried.items():
+        picked = set(chosen[rung].values())
+        lines.append(f"- **{rung}**: " + ", ".join(f"{'**' if s in picked else ''}`{s}` {v:+.3f}{'**' if s in picked else ''}"
+                                                  for s, v in scores.items()))
+    lines += ["\n## On the test documents\n", f"Mean [{LEVEL:.0%} bootstrap interval over {seeds} seeds x documents] past L "
+              f"(nats; < 0: better than crop). The ceiling row: the fine-tune read with its full context minus itself cropped to "
+              f"L (< 0: context past L pays, within one model). Decisions: the family of {len(rows)} contrasts under Holm, on the "
+              f"bootstrap and the seed-level t-test together ({n_boot} replicates); with 2 seeds the t-test has 1 degree of "
+              f"freedom, so this is a screen: read the intervals.\n",
+              "| rung | row | 2x | 4x | decided (2x / 4x) |", "| --- | --- | ---: | ---: | --- |"]
+    for rung in dict.fromkeys(r["config"] for r in rows):
+        for name in dict.fromkeys(r["method"] for r in rows if r["config"] == rung):
+            cells = {r["eval_len"] // L[rung]: r for r in rows if (r["config"], r["method"]) == (rung, name)}
+            text = [f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]" if (c := cells.get(x)) else "" for x in LENGTHS]
+            said = [(c["decision"] if c["decision"] != "undecided" else c["equivalence"]) if (c := cells.get(x)) else ""
+                    for x in LENGTHS]
+            lines.append(f"| {rung} | `{name}` | {' | '.join(text)} | {' / '.join(said)} |")
+    return "\n".join(lines) + "\n"
+
+
+# Published zero-shot shapes (the crop protocol: bojone/rerope, eval_loss.py, Llama-2 13B trained at 4k, the same
+# final 4,096 tokens scored with 4k, 8k and 16k of context; crop 1.497 nats): each method's loss minus crop at 2x, 4x
+PUBLISHED = {"rerope": ("ReRoPE (w = 1024) below crop past L at 2x and 4x", (1.427 - 1.497, 1.400 - 1.497)),
+             "ntk": ("NTK-aware above crop, falling toward it as the context grows", (1.542 - 1.497, 1.516 - 1.497))}
+
+
+def holds(method, cells):
+    """Whether the testbed's (lo, mean, hi) at 2x and 4x show the published shape of PUBLISHED[method]."""
+    (lo2, m2, hi2), (lo4, m4, hi4) = cells
+    return hi2 < 0 and hi4 < 0 if method == "rerope" else lo2 > 0 and lo4 > 0 and m4 < m2
+
+
+def shapes(rows, facts, command):
+    """shapes.md: each published shape beside the testbed's rows for that method (default and dev-chosen settings) on
+    every rung, and whether the shape holds there; the protocols' difference said."""
+    L = {f["rung"]: f["L"] for f in facts}
+    lines = ["# Published shapes beside the testbed\n", f"Generated by `{command}` (with ladder.md); regenerate it with that command.\n",
+             "Published: bojone/rerope `eval_loss.py`, Llama-2 13B trained at 4k; the same final 4,096 tokens scored with 4k, "
+             "8k and 16k tokens of context (`crop` 1.497 nats). Testbed: the ladder's test documents, windows of 2L and 4L, "
+             "the targets past L, each method minus `crop` (exact truncation to L) on the same targets. The protocols differ: "
+             "there the targets stay fixed while the context grows; here the 2x and 4x targets are other tokens (each "
+             "difference is paired on its own targets). Holds: ReRoPE's interval below 0 at both lengths; NTK's above 0 at "
+             "both and its mean lower at 4x than at 2x.\n",
+             "| published shape | published (2x, 4x) | rung | method | testbed 2x | testbed 4x | holds |",
+             "| --- | --- | --- | --- | ---: | ---: | --- |"]
+    for method, (shape, (p2, p4)) in PUBLISHED.items():
+        for r in dict.fromkeys((r["config"], r["method"]) for r in rows if r["method"].split(":")[0] == method):
+            cells = [next(((c["lo"], c["mean"], c["hi"]) for c in rows if (c["config"], c["method"]) == r
+                           and c["eval_len"] == x * L[r[0]]), None) for x in LENGTHS]
+            if None in cells:
+                continue
+            text = [f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for lo, m, hi in cells]
+            lines.append(f"| {shape} | {p2:+.3f}, {p4:+.3f} | {r[0]} | `{r[1]}` | {text[0]} | {text[1]} | "
+                         f"{'yes' if holds(method, cells) else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, facts):
+    plt = pyplot()
+    rungs = [f["rung"] for f in facts]
+    fig, axes = plt.subplots(1, len(LENGTHS), figsize=(6 * len(LENGTHS), 4.5), sharey=True, squeeze=False)
+    for ax, x in zip(axes[0], LENGTHS):
+        names = dict.fromkeys(r["method"] for r in rows if r["method"] not in ("none",))
+        for name in names:
+            pts = [(rungs.index(r["config"]), r["mean"], r["lo"], r["hi"]) for r in rows
+                   if r["method"] == name and r["eval_len"] == x * next(f["L"] for f in facts if f["rung"] == r["config"])]
+            if not pts:
+                continue
+            i, m, lo, hi = map(np.array, zip(*sorted(pts)))
+            style = dict(color="k", lw=2.5) if name.startswith("ceiling") else dict(ls="--" if ":" in name else "-")
+            ax.errorbar(i, m, yerr=[m - lo, hi - m], marker="o", capsize=3, label=name, **style)
+        ax.axhline(0, color="grey", lw=2)
+        ax.set(xticks=range(len(rungs)), xticklabels=[f"{f['rung']}\n{f['periods']}/{f['pairs']} periods" for f in facts],
+               title=f"{x}x: loss minus crop past L", ylabel="nats (< 0: beats crop)")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+    fig.tight_layout()
+    return png(fig)
+
+
+def main(argv):
+    p = command_parser(__doc__, "out", out="out/ladder/page")
+    p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
+    p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
+    a = p.parse_args(argv)
+    rungs, seeds = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1)
+    for rung in rungs:
+        for k in range(seeds):
+            for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):
+                if not (rung / run / "ckpt.pt").is_file():
+                    raise UserError(f"{rung / run} has no ckpt.pt: train it first (docs/experiments.md, the regime ladder)")
+    out = claim_output(a.out, "ladder")
+    facts = [rung_facts(r, 0) for r in rungs]
+    chosen, tried = choose(rungs, seeds, facts)
+    rows, n_boot = contrasts(rungs, seeds, chosen)
+    command = shlex.join(["python", "lab/ladder.py", *a.rungs, f"--seeds={seeds}", f"--out={a.out}"])
+    md = markdown(facts, tried, chosen, rows, seeds, n_boot, command)
+    write_all(out, {"ladder.png": plot(rows, facts), "ladder.md": md, "shapes.md": shapes(rows, facts, command),
+                    "ladder.json": json_text(dict(rungs=facts, dev=tried, chosen=chosen, rows=rows), indent=1) + "\n"})
+    print(md + f"-> {out}/ladder.{{json,md,png}}")
+
+
+if __name__ == "__main__":
+    run_cli("ladder.py", lambda: main(sys.argv[1:]))
