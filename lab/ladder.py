@@ -192,17 +192,19 @@ def plot(rows, facts):
     fig, axes = plt.subplots(1, len(LENGTHS), figsize=(6 * len(LENGTHS), 4.5), sharey=True, squeeze=False)
     for ax, x in zip(axes[0], LENGTHS):
         names = dict.fromkeys(r["method"] for r in rows if r["method"] not in ("none",))
-        for name in names:
+        for n, name in enumerate(names):
             pts = [(rungs.index(r["config"]), r["mean"], r["lo"], r["hi"]) for r in rows
                    if r["method"] == name and r["eval_len"] == x * next(f["L"] for f in facts if f["rung"] == r["config"])]
             if not pts:
                 continue
             i, m, lo, hi = map(np.array, zip(*sorted(pts)))
-            style = dict(color="k", lw=2.5) if name.startswith("ceiling") else dict(ls="--" if ":" in name else "-")
+            style = dict(color="k", lw=2.5) if name.startswith("ceiling") else dict(ls="--" if ":" in name else "-",
+                                                                                     color=plt.cm.tab20(n % 20))
             ax.errorbar(i, m, yerr=[m - lo, hi - m], marker="o", capsize=3, label=name, **style)
         ax.axhline(0, color="grey", lw=2)
+        ax.set_yscale("symlog", linthresh=0.05)  # PI's +0.8 beside the ceiling's -0.01: linear within +-0.05
         ax.set(xticks=range(len(rungs)), xticklabels=[f"{f['rung']}\n{f['periods']}/{f['pairs']} periods" for f in facts],
-               title=f"{x}x: loss minus crop past L", ylabel="nats (< 0: beats crop)")
+               title=f"{x}x: loss minus crop past L", ylabel="nats (< 0: beats crop; symlog)")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
     return png(fig)
