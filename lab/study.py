@@ -372,7 +372,6 @@ def plot(rows):
     """PNG bytes: per config, perplexity against length (top), loss minus crop past L (bottom); windows protocol."""
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
     fig, places = panels(pyplot(), len(configs), 3, 2, (5.5, 8), sharex=True)
     for (top, bottom), config in zip(places, configs):
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
@@ -380,8 +379,8 @@ def plot(rows):
             for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
                 if p := [(m, r[metric]) for m, r in pts if r[metric] is not None]:
                     y, lo, hi = (np.array([tf(s[k]) for _, s in p]) for k in ("mean", "lo", "hi"))
-                    ax.errorbar([m for m, _ in p], y, yerr=np.clip([y - lo, hi - y], 0, None), marker="o", ms=3, capsize=3,
-                                lw=1.2, label=name, **line_style(name, names.index(name)))  # clip: bars >= 0, as matplotlib wants
+                    ax.errorbar([m for m, _ in p], y, yerr=np.clip([y - lo, hi - y], 0, None), ms=4, capsize=3,
+                                lw=1.2, label=name, **line_style(name))  # clip: bars >= 0, as matplotlib wants
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
         bottom.axhline(0, color="grey", lw=0.8)
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop past L (nats)")
