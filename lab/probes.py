@@ -1,5 +1,5 @@
 """Does the model use the longer context? Retrieval probes and the rotation per scaling method; writes probes.{json,csv}
-and probe_<name>.png once all is computed. Options: README.md; outputs: docs/reference.md; why: docs/methodology.md."""
+and probe_<name>.png once all is computed. Options and outputs: docs/reference.md; why: docs/methodology.md."""
 import sys
 from pathlib import Path
 

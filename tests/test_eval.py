@@ -15,7 +15,8 @@ import train
 from data.dataset import held_out, load_split
 from eval import compare, extrapolate
 from common import UserError
-from eval.report import BEST_N, CARD, PLOT_BINS, extrapolation_table, past_means, plotted, same_rows
+from eval.methods import METHODS
+from eval.report import BEST_N, CARD, PLOT_BINS, STYLES, extrapolation_table, line_style, past_means, plotted, same_rows, signed
 from eval.score import score_sliding, score_windows, sliding_windows
 from runtime import load_run
 from model import KVCache
@@ -486,6 +487,15 @@ def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_wi
     assert drawn == ["none", "pi", "ntk", "yarn", *others[:BEST_N]]  # and the others this run has nearest crop
     assert plotted(windows, ["logn", "crop"], L) == ["logn"]  # crop is the zero line
     assert same_rows(report["results"]) == {"dynamic-ntk (sequence)": "ntk"}  # one forward, two names: drawn once
+
+
+def test_every_method_has_its_own_colour_and_marker_in_every_figure_and_no_difference_reads_minus_zero():
+    assert list(STYLES) == list(METHODS)  # one table, keyed by name: pi is orange in every command's figure
+    for i in range(2):
+        assert len({style[i] for style in STYLES.values()}) == len(STYLES)
+    assert line_style("crop")["ls"] == "--" and line_style("dynamic-ntk (sequence)")["ls"] == "-"
+    assert line_style("yarn:beta_fast=4") == dict(line_style("yarn"), ls="--")  # a variant: its method's colour, dashed
+    assert (signed(-0.0001), signed(-0.0123), signed(0.5), signed(None)) == ("0.000", "-0.012", "+0.500", "n/a")
 
 
 def test_dev_and_test_are_the_even_and_odd_held_out_documents():
