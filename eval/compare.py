@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.report import fmt, label, line_style, load_report, png, pyplot, signed, write_all
+from eval.report import fmt, label, line_style, load_report, plain_log_labels, png, pyplot, signed, write_all
 from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values
 
 METRICS = {"diff_crop": "loss minus crop past L (nats)", "ppl_beyond_train": "perplexity past L",
@@ -44,7 +44,6 @@ def plot(reports, metric, protocol):
     """PNG bytes: every run on one plot, a method's colour and marker the same in every run (eval/report.py's STYLES), a
     line style per run; each method's points nudged sideways a little, so methods on the same numbers stay visible."""
     plt = pyplot()
-    from matplotlib import ticker
     names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
     spread = names[0::3] + names[1::3] + names[2::3]  # neighbours in the table (crop, window, sinks) nudged far apart
     fig, ax = plt.subplots(figsize=(9, 5.5))
@@ -64,8 +63,7 @@ def plot(reports, metric, protocol):
     ax.minorticks_off()
     if metric != "diff_crop":
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ticker.LogFormatter())  # 30, not 3x10^1
-        ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        plain_log_labels(ax.yaxis)
     ax.set(xlabel="eval length / training length L", ylabel=METRICS[metric])
     method_keys = [plt.Line2D([], [], color="k", lw=2.5, label="crop: 0")] if metric == "diff_crop" else []
     method_keys += [plt.Line2D([], [], ms=5, label=n, **line_style(n)) for n in names if not (metric == "diff_crop" and n == "crop")]

@@ -85,6 +85,13 @@ def line_style(name):
     return dict(color=color, marker=marker, ls="--" if method == "crop" or variant else "-" if method in STYLES else ":")
 
 
+def plain_log_labels(axis):
+    """A log axis labelled 30, 50, 100, not 3x10^1 (matplotlib's default), minor ticks labelled where there is room."""
+    from matplotlib import ticker
+    axis.set_major_formatter(ticker.LogFormatter())
+    axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
 def signed(x, digits=3):
     """+0.012, -0.340, and 0.000 (never -0.000) for a difference; n/a for None."""
     return "n/a" if x is None else f"{x:+.{digits}f}" if round(x, digits) else f"{0:.{digits}f}"

@@ -89,8 +89,8 @@ def plot(report):
            title=f"{report['run']} ({report['pos_emb']}, trained at {L}, dotted): {report['units']} units x "
                  f"{report['targets']} targets,\neach with c - {report['targets']} + 1 to c tokens of context "
                  f"(crop, dashed: at most {report['context_len']}); {factor_text(report)}")
-    ax.legend(fontsize=8)
-    return png(fig)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside the curves, not on them
+    return png(fig, bbox_inches="tight")  # tight: the legend and the long title uncut
 
 
 def factor_text(report):

@@ -11,7 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
+from eval.report import fmt, label, line_style, load_report, panels, plain_log_labels, png, pyplot, write_all
 from eval.methods import METHODS
 from lab.family import decide, declare, paired, past_l, same_options, shared_docs
 from lab.stats import LEVEL, blocks, interval, ratio_interval
@@ -382,6 +382,7 @@ def plot(rows):
                     ax.errorbar([m for m, _ in p], y, yerr=np.clip([y - lo, hi - y], 0, None), ms=4, capsize=3,
                                 lw=1.2, label=name, **line_style(name))  # clip: bars >= 0, as matplotlib wants
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
+        plain_log_labels(top.yaxis)
         bottom.axhline(0, color="grey", lw=0.8)
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop past L (nats)")
         bottom.set_xscale("log", base=2)
