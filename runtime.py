@@ -1,8 +1,7 @@
-"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, wandb, checkpoints and the run
+"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, checkpoints and the run
 folder a training writes. The torch-free helpers (errors, CLI, locks, atomic writes) are common.py's."""
 import importlib
 import json
-import netrc
 import os
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import fields
@@ -38,17 +37,6 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
     tok_s = tokens / seconds
     flops = flops_per_token * tok_s
     return tok_s, flops, flops / (peak * world) if peak else None
-
-
-def init_wandb(config, job_type, group):
-    """A wandb run that never blocks on a login prompt: online when logged in, else offline."""
-    import wandb
-    logged_in = False
-    with suppress(OSError, netrc.NetrcParseError):
-        logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
-    mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
-    return wandb.init(project=config["wandb_project"], name=f"{config['wandb_run_name']}-{job_type}", group=group,
-                      job_type=job_type, config=config, mode=mode)
 
 
 def load_checkpoint(path, device="cpu"):
