@@ -186,9 +186,10 @@ def extrapolation_plot(report, chosen=None):
     tuned = f"; dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
     fig.legend(handles, texts, loc="center left", bbox_to_anchor=(0.8, 0.5), fontsize=8, frameon=False,
                title="mean past L, at " + " / ".join(f"{T / L:g}x" for T in past) + tuned, title_fontsize=8)
+    drawn = "those --plot chose" if chosen else f"{', '.join(CARD)} and the {BEST_N} others nearest crop on this run"
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at L = {L}, iter {report['checkpoint_iter']}): loss minus "
                  f"crop's on the same tokens; below zero, a method predicts better than truncation to the last {L} tokens\n"
-                 f"drawn: {', '.join(CARD)} and the {BEST_N} others nearest crop on this run; {PLOT_BINS} bins per length, "
+                 f"drawn: {drawn}; {PLOT_BINS} bins per length, "
                  f"bands one standard error over windows; every method's numbers: extrapolation.json / .csv", fontsize=9)
     return png(fig, rect=(0, 0, 0.8, 0.95), bbox_inches="tight")  # tight: the legend beside the panels, uncut
 
