@@ -26,7 +26,7 @@ DEFAULTS = dict(
     retrieval_task="copy",  # what those rows are: 'copy', or 'mqar' (retrieval_segment // 2 key-value pairs recalled)
     **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},  # GPTConfig's; block_size: training length
     learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,  # AdamW
-    warmup_iters=100, lr_decay_iters=1500, min_lr=2e-4,  # linear warmup then cosine decay to min_lr
+    warmup_iters=100, lr_decay_iters=0, min_lr=2e-4,  # linear warmup then cosine decay to min_lr (0: by max_iters)
     device="auto", dtype="auto", compile=False,  # auto: cuda, then mps, then cpu; bfloat16 on CUDA if supported, else float32
     seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
 )
@@ -86,6 +86,7 @@ def load_config(argv):
                 if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
+    config["lr_decay_iters"] = config["lr_decay_iters"] or config["max_iters"]  # a short run still decays to min_lr
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
         raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the schedule "

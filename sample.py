@@ -1,5 +1,5 @@
 """Generate text from a trained run with any evaluation method, as far past the training length as you ask. The KV cache
-re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options: README.md."""
+re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options and outputs: docs/reference.md."""
 import codecs
 import math
 import sys

@@ -1,16 +1,18 @@
-"""Compare runs evaluated by eval/extrapolate.py, one figure and one markdown table across runs:
-`python eval/compare.py RUN_DIR... [--out out/compare] [--metric ppl|ppl_beyond_train] [--protocol windows|sliding]`
-writes compare.md and compare.png into --out."""
+"""Compare runs evaluated by eval/extrapolate.py on one plot and in one markdown table:
+`python eval/compare.py RUN_DIR... [--out out/compare] [--metric diff_crop|ppl_beyond_train|ppl] [--protocol windows|sliding]`
+writes compare.md and compare.png into --out. The default, diff_crop: the loss minus crop's past the training length L."""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
+from eval.report import fmt, label, line_style, load_report, plain_log_labels, png, pyplot, signed, write_all
 from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values
 
-METRICS = ("ppl", "ppl_beyond_train")
+METRICS = {"diff_crop": "loss minus crop past L (nats)", "ppl_beyond_train": "perplexity past L",
+           "ppl": "perplexity over all tokens (inside L too)"}
 PROTOCOLS = ("windows", "sliding")
+RUN_LINES = ("-", "--", ":", "-.")  # one line style per run, the method's colour and marker in every run
 
 
 def lines(reports, protocol):
@@ -21,32 +23,60 @@ def lines(reports, protocol):
     return rows, sorted({m for cells in rows.values() for m in cells})
 
 
+def cell(r, metric):
+    if metric == "diff_crop" and r["method"] == "crop" and r.get("loss_beyond_train") is not None:
+        return "0 (crop)"
+    return signed(r.get(metric)) if metric == "diff_crop" else fmt(r.get(metric))
+
+
 def markdown(reports, metric, protocol):
     (rows, cols), train_lens = lines(reports, protocol), {rep["train_len"] for rep in reports}
+    # a length where no run has the metric (1x, past L: no targets) is left out
+    cols = [m for m in cols if any(m in cells and cells[m].get(metric) is not None for cells in rows.values())] or cols
     head = [f"{m:g}x" + (f" ({round(m * min(train_lens))})" if len(train_lens) == 1 else "") for m in cols]
-    body = [f"| {name} | " + " | ".join(fmt(cells[m][metric]) if m in cells else "" for m in cols) + " |" for name, cells in rows.items()]
-    return (f"{metric.replace('_', ' ')} by eval length (multiples of the training length), {protocol} protocol\n\n"
+    body = [f"| {name} | " + " | ".join(cell(cells[m], metric) if m in cells else "" for m in cols) + " |"
+            for name, cells in rows.items()]
+    return (f"{METRICS[metric]} by eval length (multiples of the training length), {protocol} protocol\n\n"
             + "\n".join(["| run / method (mode) | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(head), *body]) + "\n")
 
 
 def plot(reports, metric, protocol):
-    """PNG bytes: one panel per run (three a row, shared axes), one line per method (mode), the same colour in every panel."""
+    """PNG bytes: every run on one plot, a method's colour and marker the same in every run (eval/report.py's STYLES), a
+    line style per run; each method's points nudged sideways a little, so methods on the same numbers stay visible."""
+    plt = pyplot()
     names = list(dict.fromkeys(label(r) for rep in reports for r in rep["results"] if r["protocol"] == protocol))
-    fig, places = panels(pyplot(), len(reports), 3, 1, (5, 4), sharex=True, sharey=True)
-    for (ax,), rep in zip(places, reports):
+    spread = names[0::3] + names[1::3] + names[2::3]  # neighbours in the table (crop, window, sinks) nudged far apart
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    if metric == "diff_crop":
+        ax.axhline(0, color="k", lw=2.5)
+    ticks = set()
+    for k, rep in enumerate(reports):
         for name in names:
             if points := sorted((r["eval_len"] / rep["train_len"], r[metric]) for r in rep["results"]
-                                if r["protocol"] == protocol and label(r) == name and r[metric] is not None):
-                ax.plot(*zip(*points), marker="o", ms=3, lw=1.2, label=name, **line_style(name, names.index(name)))
-        ax.set(title=rep["run"], xlabel="eval length / training length", ylabel=metric.replace("_", " "))
-        ax.legend(fontsize=7, ncol=2)
-    ax, ticks = places[0][0], lines(reports, protocol)[1]
+                                if r["protocol"] == protocol and label(r) == name and r.get(metric) is not None):
+                (x, y), nudge = zip(*points), 2 ** (0.025 * (spread.index(name) - (len(names) - 1) / 2))
+                ticks.update(x)
+                ax.plot([m * nudge for m in x], y, lw=1.2, ms=5, alpha=0.85,
+                        **dict(line_style(name), ls=RUN_LINES[k % len(RUN_LINES)]))
     ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [f"{m:g}x" for m in ticks])
+    ax.set_xticks(sorted(ticks), [f"{m:g}x" for m in sorted(ticks)])
     ax.minorticks_off()
-    ax.set_yscale("log")
-    fig.suptitle(f"{metric.replace('_', ' ')} against eval length, {protocol} protocol")
-    return png(fig)
+    if metric != "diff_crop":
+        ax.set_yscale("log")
+        plain_log_labels(ax.yaxis)
+    ax.set(xlabel="eval length / training length L", ylabel=METRICS[metric])
+    method_keys = [plt.Line2D([], [], color="k", lw=2.5, label="crop: 0")] if metric == "diff_crop" else []
+    method_keys += [plt.Line2D([], [], ms=5, label=n, **line_style(n)) for n in names if not (metric == "diff_crop" and n == "crop")]
+    legend = ax.legend(handles=method_keys, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, title="method",
+                       frameon=False)
+    if len(reports) > 1:
+        ax.add_artist(legend).set_clip_on(False)  # kept beside the next legend, and not cut to the axes
+        ax.legend(handles=[plt.Line2D([], [], color="0.3", ls=RUN_LINES[k % len(RUN_LINES)], label=rep["run"])
+                           for k, rep in enumerate(reports)], loc="lower left", bbox_to_anchor=(1.01, 0), fontsize=8,
+                  title="run", frameon=False)
+    ax.set_title(f"{METRICS[metric]} against eval length, {protocol} protocol" +
+                 ("\nbelow 0: better than truncation to the last L tokens" if metric == "diff_crop" else ""), fontsize=10)
+    return png(fig, bbox_inches="tight")  # tight: the legends beside the plot, uncut
 
 
 def compare(run_dirs, out, metric, protocol):
@@ -57,7 +87,7 @@ def compare(run_dirs, out, metric, protocol):
     reports = [load_report(d, protocol) for d in unique_runs(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
     for rep, name in zip(reports, run_labels(run_dirs, [rep["run"] for rep in reports])):
         rep["run"] = name  # two runs named alike would share a row
-    if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"])]:
+    if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"] if r.get("available", True))]:
         raise UserError(f"{lacking[0]}/extrapolation.json has no {metric} in its results; re-run eval/extrapolate.py {lacking[0]}")
     table = markdown(reports, metric, protocol)
     write_all(out, {"compare.png": plot(reports, metric, protocol), "compare.md": table})
@@ -67,7 +97,8 @@ def compare(run_dirs, out, metric, protocol):
 def parse_args(argv):
     p = command_parser(__doc__, "out", out="out/compare")
     p.add_argument("run_dirs", nargs="+", help="run folders holding extrapolation.json")
-    p.add_argument("--metric", default="ppl", help=f"plotted metric: {' | '.join(METRICS)} (default ppl)")
+    p.add_argument("--metric", default="diff_crop", help=f"plotted metric: {' | '.join(METRICS)} (default diff_crop: "
+                   "the loss minus crop's past the training length)")
     p.add_argument("--protocol", default="windows", help=f"{' | '.join(PROTOCOLS)} (default windows)")
     a = p.parse_args(argv)
     return dict(vars(a), **shared_values(a))

@@ -1,5 +1,5 @@
 """Loss by token position at and past the training length, with RoPE scaling applied at inference; writes
-extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options: README.md; outputs: docs/reference.md."""
+extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs: docs/reference.md."""
 import sys
 from pathlib import Path
 
@@ -12,7 +12,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import doc_windows, held_out, load_split
-from eval.report import PLOT_BINS, PLOTTED, PLOTTED_N, extrapolation_plot, extrapolation_table, json_csv, label, write_all
+from eval.report import BEST_N, CARD, PLOT_BINS, extrapolation_plot, extrapolation_table, json_csv, label, write_all
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
 from eval.score import score_sliding, score_windows, sliding_windows
@@ -48,7 +48,7 @@ def parse_args(argv):
             ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
-            ("plot", "auto", f"methods drawn in extrapolation.png (auto: the first {PLOTTED_N} evaluated of {','.join(PLOTTED)})")):
+            ("plot", "auto", f"methods drawn in extrapolation.png (auto: {','.join(CARD)} and the {BEST_N} others nearest crop past L)")):
         p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
     a = p.parse_args(argv)
     args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
@@ -174,9 +174,6 @@ def extrapolate(args):
     if model.config.rope_scaling:
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
               f"the other methods replace it")
-    if "dynamic-ntk" in args["methods"]:
-        print(f"dynamic-ntk: factor a = {args['dynamic_factor']:g} (transformers' extra NTK multiplier, not the "
-              f"length ratio; 1 = plain dynamic NTK); modes: {', '.join(args['dynamic_modes'])} (causal: windows only)")
     tokens, docs = load_split(data_dir, "val")
     docs = held_out(docs, args["docs"])
     t0 = time.time()
@@ -187,8 +184,8 @@ def extrapolate(args):
                   options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
                   bins=args["bins"], dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
                   crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
-                  seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
-                  unit_docs=unit_docs, documents=len(docs), results=results)
+                  seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units, unit_docs=unit_docs,
+                  documents=len(docs), dynamic_factor=args["dynamic_factor"], dynamic_modes=args["dynamic_modes"], results=results)
     out = args["out"]  # the figure drawn first: a failure leaves the earlier outputs as they were
     write_all(out, {"extrapolation.png": extrapolation_plot(report, args["plot"]), **json_csv("extrapolation", report, results, CSV_FIELDS)})
     print(extrapolation_table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "

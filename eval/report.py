@@ -67,63 +67,131 @@ def panels(plt, n, per_row, stacked, size, **subplots):
     return fig, places[:n]
 
 
-def line_style(method, i):
-    """crop black dashed; the others matplotlib's 10 colours, dash-dotted from the 11th on so no two look alike."""
-    return dict(color="k", ls="--") if method == "crop" else dict(color=f"C{i % 10}", ls="-" if i < 10 else "-.")
+# One colour and marker per method, in every figure of every command (extrapolate, compare, study, context, probes):
+# crop black and dashed, the baseline; methods that keep to crop (window, sinks, self-extend, rerope) far apart in hue.
+STYLES = {"none": ("#1f77b4", "o"), "crop": ("k", "s"), "window": ("#8c564b", "^"), "sinks": ("#e377c2", "v"),
+          "pi": ("#ff7f0e", "<"), "ntk": ("#2ca02c", ">"), "dynamic-ntk": ("#98df8a", "p"), "yarn": ("#d62728", "*"),
+          "ntk-by-parts": ("#ff9896", "h"), "llama3": ("#9467bd", "X"), "logn": ("#7f7f7f", "d"),
+          "ntk+logn": ("#bcbd22", "1"), "self-extend": ("#17becf", "D"), "rerope": ("#393b79", "P"),
+          "crop-L": ("#555555", "8"), "leaky-rerope": ("#6b6ecf", "+"), "pairs": ("#8c6d31", "x")}
 
 
-PLOTTED, PLOTTED_N = ("none", "pi", "ntk", "yarn", "llama3", "window", "sinks", "logn"), 5  # a handful: all stay in the JSON
+def line_style(name):
+    """A method's colour, marker and line (STYLES); name as labelled: a mode in brackets or settings after ':' draw
+    its colour dashed (dynamic-ntk (causal), yarn:beta_fast=4). Crop dashed; a name not in STYLES grey, dotted."""
+    method = name.split(" (")[0].split(":")[0]
+    color, marker = STYLES.get(method, ("0.5", "."))
+    variant = method in STYLES and name != method and name != "dynamic-ntk (sequence)"
+    return dict(color=color, marker=marker, ls="--" if method == "crop" or variant else "-" if method in STYLES else ":")
+
+
+def plain_log_labels(axis):
+    """A log axis labelled 30, 50, 100, not 3x10^1 (matplotlib's default), minor ticks labelled where there is room."""
+    from matplotlib import ticker
+    axis.set_major_formatter(ticker.LogFormatter())
+    axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def signed(x, digits=3):
+    """+0.012, -0.340, and 0.000 (never -0.000) for a difference; n/a for None."""
+    return "n/a" if x is None else f"{x:+.{digits}f}" if round(x, digits) else f"{0:.{digits}f}"
+
+
+def same_rows(entries):
+    """{label: the first label with the same numbers at every length and protocol}: one forward, two names (ntk and
+    dynamic-ntk (sequence) at factor 1 apart), so a reader is told, not left to compare cells."""
+    rows = {}
+    for r in entries:
+        rows.setdefault(label(r), []).append((r["protocol"], r["eval_len"], r["loss"], r["loss_beyond_train"]))
+    first, same = {}, {}
+    for name, cells in rows.items():
+        if all(c[2] is not None for c in cells):
+            same[name] = first.setdefault(tuple(cells), name)
+    return {k: v for k, v in same.items() if k != v}
+
+
+CARD, BEST_N = ("none", "pi", "ntk", "yarn"), 4  # always drawn (crop: the zero line), then the BEST_N others nearest crop
 PLOT_BINS = 16  # per panel: bins grow with the length, so the 16x panel (few windows) is not one window's noise
 
 
+def past_means(entries, L):
+    """{label: its mean loss minus crop past L over the lengths past L}, for those with a number at every such length."""
+    rows = {}
+    for r in entries:
+        if r["eval_len"] > L and r["method"] != "crop":
+            rows.setdefault(label(r), []).append(r.get("diff_crop"))
+    return {k: sum(v) / len(v) for k, v in rows.items() if None not in v}
+
+
+def plotted(entries, chosen, L):
+    """The labels drawn: the methods chosen (--plot), else CARD's and the BEST_N others whose mean past L is lowest
+    (by this run's own numbers), a row with another's numbers (same_rows) drawn once."""
+    scored = list(dict.fromkeys(label(r) for r in entries if r.get("crop_curve")))
+    if chosen:
+        return [k for k in scored if k.split(" (")[0] in chosen]
+    same, means = same_rows(entries), past_means(entries, L)
+    others = sorted((k for k in scored if k.split(" (")[0] not in CARD and k not in same and k in means), key=means.get)
+    return [k for k in scored if k.split(" (")[0] in CARD] + others[:BEST_N]
+
+
 def extrapolation_table(report):
-    """eval/extrapolate.py's text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the training length)."""
-    L, lens, rows = report["train_len"], sorted({r["eval_len"] for r in report["results"]}), {}
+    """eval/extrapolate.py's text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the
+    training length); a row with another's numbers says so, and a last row per protocol counts the units scored."""
+    L, lens, rows, same = report["train_len"], sorted({r["eval_len"] for r in report["results"]}), {}, same_rows(report["results"])
     for r in report["results"]:
         cell = fmt(r["ppl"]) + ("" if r["ppl_beyond_train"] is None else f" ({fmt(r['ppl_beyond_train'])})")
-        rows.setdefault(f"{r['protocol']}: {label(r)}", {})[r["eval_len"]] = cell
+        name = label(r) + (f" = {same[label(r)]}" if label(r) in same else "")
+        rows.setdefault(f"{r['protocol']}: {name}", {})[r["eval_len"]] = cell
+        rows.setdefault(f"{r['protocol']}: (units scored)", {})[r["eval_len"]] = str(r["n_units"])
+    rows = dict(sorted(rows.items(), key=lambda kv: kv[0].endswith("(units scored)")))  # the counts last
     head = ["protocol: method"] + [f"{T / L:g}x={T}" for T in lens]
     body = [[name] + [cells.get(T, "") for T in lens] for name, cells in rows.items()]
     width = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in [head] + body]
     lo, hi = report["crop_context"]
+    notes = ["a = b: the same numbers in every cell (the same forward under two names)"] if same else []
     return (f"ppl (ppl beyond train length {L}) of {report['run']}; crop: truncation, each target past {hi} "
-            f"from its last {lo}..{hi} tokens:\n" + "\n".join(lines))
-
-
-def plotted(entries, chosen):
-    """The methods drawn: those chosen (--plot), else the first PLOTTED_N of PLOTTED that were scored."""
-    scored = [m for m in dict.fromkeys(r["method"] for r in entries if r.get("crop_curve"))]
-    return [m for m in scored if m in chosen] if chosen else [m for m in PLOTTED if m in scored][:PLOTTED_N]
+            f"from its last {lo}..{hi} tokens:\n" + "\n".join(lines) + "\n" + "\n".join(notes + [
+                "each length scores its own units (windows, or sliding stretches), as many as --tokens asks: numbers "
+                "compare down a column, not along a row (crop's too)"]))
 
 
 def extrapolation_plot(report, chosen=None):
-    """eval/extrapolate.py's extrapolation.png as bytes: per length past training, the loss minus crop's by position (paired, binned, +- one standard error)."""
+    """eval/extrapolate.py's extrapolation.png as bytes: per length past training, the loss minus crop's by position
+    (paired, binned, +- one standard error), one y-scale per row, one legend beside the panels."""
     plt, L, ctx_len = pyplot(), report["train_len"], report.get("context_len", report["train_len"])
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = [T for T in sorted({r["eval_len"] for r in entries}) if T > L] or sorted({r["eval_len"] for r in entries})
-    names = plotted(entries, chosen)
-    fig, places = panels(plt, len(lens), 2, 1, (6.5, 4))
+    names, past = plotted(entries, chosen, L), [T for T in lens if T > L]
+    fig, places = panels(plt, len(lens), 2, 1, (6, 4), sharey="row")
     for (ax,), T in zip(places, lens):
-        ax.axhline(0, color="k", lw=2, label="crop (the baseline): 0")
-        for i, r in enumerate(r for r in entries if r["eval_len"] == T and r["method"] in names and r.get("crop_curve")):
-            c, style = r["crop_curve"], line_style(r["method"], i)
-            x, y, e = np.array(c["x"]) + 1, np.array(c["diff_crop"]), np.array(c["diff_crop_stderr"])
-            ax.plot(x, y, lw=1.5, marker=".", label=f"{label(r)}: {fmt(r['diff_crop'], 3)}", **style)
-            ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
-        ax.axvline(L, color="grey", ls=":", lw=1)
+        ax.axvspan(0, L, color="0.93", lw=0)  # inside the training length: the model saw these positions
+        ax.axvline(L, color="0.3", ls="--", lw=1.5)
+        ax.text(L, 1, f" L = {L}, trained", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="0.3")
         if ctx_len != L:  # a fine-tuned run: its own training length too
-            ax.axvline(ctx_len, color="grey", ls="-.", lw=1)
+            ax.axvline(ctx_len, color="0.3", ls="-.", lw=1.5)
+        ax.axhline(0, color="k", lw=2.5)
+        for r in (r for r in entries if r["eval_len"] == T and label(r) in names and r.get("crop_curve")):
+            c, style = r["crop_curve"], line_style(label(r))
+            x, y, e = np.array(c["x"]) + 1, np.array(c["diff_crop"]), np.array(c["diff_crop_stderr"])
+            ax.plot(x, y, lw=1.5, ms=4, label=label(r), **style)
+            ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
         n = min(r["n_units"] for r in entries if r["eval_len"] == T)
-        tuned = f", dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
-        ax.set(title=f"eval length {T} ({T / L:g}x), {n} windows; dotted: train length {L}{tuned}",
-               xlabel="token position in window", ylabel="loss minus crop (nats)")
-        ax.legend(fontsize=7, title="mean past train length", title_fontsize=7)
-    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at {L}, iter {report['checkpoint_iter']}): loss minus crop's "
-                 f"on the same tokens; below zero, a method predicts better than truncation to the last {L} tokens\n"
-                 f"{PLOT_BINS} bins per length, bands one standard error over windows; every method's numbers: "
-                 f"extrapolation.json / .csv", fontsize=10)
-    return png(fig, rect=(0, 0, 1, 0.94))
+        ax.set(title=f"eval length {T} ({T / L:g}x), {n} windows", xlim=(0, T), xlabel="token position in window",
+               ylabel="loss minus crop (nats)")
+        ax.tick_params(labelleft=True)  # sharey hides them on the right panel
+    means = {k: {r["eval_len"]: r.get("diff_crop") for r in entries if label(r) == k} for k in names}
+    handles = [plt.Line2D([], [], color="k", lw=2.5)] + [plt.Line2D([], [], lw=1.5, ms=4, **line_style(k)) for k in names]
+    texts = ["crop (the baseline): 0"] + [f"{k}: " + " / ".join(signed(means[k].get(T)) for T in past) for k in names]
+    tuned = f"; dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
+    fig.legend(handles, texts, loc="center left", bbox_to_anchor=(0.8, 0.5), fontsize=8, frameon=False,
+               title="mean past L, at " + " / ".join(f"{T / L:g}x" for T in past) + tuned, title_fontsize=8)
+    drawn = "those --plot chose" if chosen else f"{', '.join(CARD)} and the {BEST_N} others nearest crop on this run"
+    fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at L = {L}, iter {report['checkpoint_iter']}): loss minus "
+                 f"crop's on the same tokens; below zero, a method predicts better than truncation to the last {L} tokens\n"
+                 f"drawn: {drawn}; {PLOT_BINS} bins per length, "
+                 f"bands one standard error over windows; every method's numbers: extrapolation.json / .csv", fontsize=9)
+    return png(fig, rect=(0, 0, 0.8, 0.95), bbox_inches="tight")  # tight: the legend beside the panels, uncut
 
 
 RESULT_KEYS = ("protocol", "method", "mode", "eval_len")  # what every table reads of a result

@@ -74,13 +74,13 @@ def score(model, units, c, m, how):
 def plot(report):
     plt, L, rs = pyplot(), report["train_len"], report["results"]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for i, method in enumerate(dict.fromkeys(r["method"] for r in rs)):
+    for method in dict.fromkeys(r["method"] for r in rs):
         if not (mine := [r for r in rs if r["method"] == method and r["available"]]):
             ax.plot([], [], " ", label=f"{method}: n/a")  # in the legend, so its absence is visible
             continue
         x, y, e = (np.array([r[k] or 0.0 for r in mine]) for k in ("context", "loss", "stderr"))
-        style = line_style(method, i)
-        ax.plot(x, y, marker="o", ms=3, lw=1.2, label=method, **style)
+        style = line_style(method)
+        ax.plot(x, y, ms=4, lw=1.2, label=method, **style)
         ax.fill_between(x, y - e, y + e, alpha=0.15, color=style["color"], lw=0)
     ax.axvline(L, color="grey", ls=":", lw=1)
     ax.set_xscale("log", base=2)
@@ -89,8 +89,8 @@ def plot(report):
            title=f"{report['run']} ({report['pos_emb']}, trained at {L}, dotted): {report['units']} units x "
                  f"{report['targets']} targets,\neach with c - {report['targets']} + 1 to c tokens of context "
                  f"(crop, dashed: at most {report['context_len']}); {factor_text(report)}")
-    ax.legend(fontsize=8)
-    return png(fig)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # beside the curves, not on them
+    return png(fig, bbox_inches="tight")  # tight: the legend and the long title uncut
 
 
 def factor_text(report):

@@ -1,5 +1,5 @@
 """Does the model use the longer context? Retrieval probes and the rotation per scaling method; writes probes.{json,csv}
-and probe_<name>.png once all is computed. Options: README.md; outputs: docs/reference.md; why: docs/methodology.md."""
+and probe_<name>.png once all is computed. Options and outputs: docs/reference.md; why: docs/methodology.md."""
 import sys
 from pathlib import Path
 
@@ -222,11 +222,11 @@ def entropy_probe(model, tokens, docs, args):
 
 def plot_copy(report, probe="copy"):
     L, (fig, axes) = report["train_len"], pyplot().subplots(1, 2, figsize=(13, 4.5))
-    for i, method in enumerate(report["methods"]):
+    for method in report["methods"]:
         if rs := [r for r in report["results"] if r["probe"] == probe and r["method"] == method and r["available"]]:
             for ax, key in zip(axes, ("top1", "loss")):
-                ax.errorbar([r["distance"] / L for r in rs], [r[key] for r in rs], marker="o", ms=3, capsize=2,
-                            yerr=[r[f"{key}_stderr"] or 0 for r in rs], label=method, **line_style(method, i))
+                ax.errorbar([r["distance"] / L for r in rs], [r[key] for r in rs], ms=4, capsize=2,
+                            yerr=[r[f"{key}_stderr"] or 0 for r in rs], label=method, **line_style(method))
     on, between = ("the values", "pairs and queries") if probe == "mqar" else ("the repeat", "the copies")
     for ax, what in zip(axes, (f"top-1 accuracy on {on}", f"loss on {on} (nats)")):
         ax.axvline(1, color="grey", ls=":", lw=1)
@@ -273,11 +273,11 @@ def plot_by_length(report, probe):
     fig, axes = pyplot().subplots(1, len(lens), figsize=(4.5 * len(lens), 4), squeeze=False)
     for ax, T in zip(axes[0], lens):
         here = [r for r in rs if r["eval_len"] == T]
-        for i, r in enumerate(here):
+        for r in here:
             if not rotation:
-                ax.plot(r["x"], r["entropy"], lw=1.2, label=r["method"], **line_style(r["method"], report["methods"].index(r["method"])))
+                ax.plot(r["x"], r["entropy"], lw=1.2, ms=3, label=r["method"], **line_style(r["method"]))
             elif r["method"] not in ANY_ENCODING + MASKS or r["method"] == "none":  # the others: the same frequencies as none
-                ax.plot(r["turns_eval"], marker=".", lw=1, label=r["method"], color=f"C{i % 10}")
+                ax.plot(r["turns_eval"], lw=1, ms=3, label=r["method"], **line_style(r["method"]))
         if rotation:
             ax.plot(here[0]["turns_train"], color="k", ls="--", lw=1.2, label="over the training length")
             ax.axhline(1, color="grey", ls=":", lw=1)

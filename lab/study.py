@@ -11,7 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from eval.report import fmt, label, line_style, load_report, panels, png, pyplot, write_all
+from eval.report import fmt, label, line_style, load_report, panels, plain_log_labels, png, pyplot, write_all
 from eval.methods import METHODS
 from lab.family import decide, declare, paired, past_l, same_options, shared_docs
 from lab.stats import LEVEL, blocks, interval, ratio_interval
@@ -373,7 +373,6 @@ def plot(rows):
     """PNG bytes: per config, perplexity against length (top), loss minus crop past L (bottom); windows protocol."""
     rows = [r for r in rows if r["protocol"] == "windows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    names = list(dict.fromkeys(label(r) for r in rows))  # one colour per method in every panel
     fig, places = panels(pyplot(), len(configs), 3, 2, (5.5, 8), sharex=True)
     for (top, bottom), config in zip(places, configs):
         for name in dict.fromkeys(label(r) for r in rows if r["config"] == config):
@@ -381,9 +380,10 @@ def plot(rows):
             for ax, metric, tf in ((top, "loss", math.exp), (bottom, "diff_crop", lambda x: x)):
                 if p := [(m, r[metric]) for m, r in pts if r[metric] is not None]:
                     y, lo, hi = (np.array([tf(s[k]) for _, s in p]) for k in ("mean", "lo", "hi"))
-                    ax.errorbar([m for m, _ in p], y, yerr=np.clip([y - lo, hi - y], 0, None), marker="o", ms=3, capsize=3,
-                                lw=1.2, label=name, **line_style(name, names.index(name)))  # clip: bars >= 0, as matplotlib wants
+                    ax.errorbar([m for m, _ in p], y, yerr=np.clip([y - lo, hi - y], 0, None), ms=4, capsize=3,
+                                lw=1.2, label=name, **line_style(name))  # clip: bars >= 0, as matplotlib wants
         top.set(title=config, yscale="log", ylabel="perplexity (windows protocol)")
+        plain_log_labels(top.yaxis)
         bottom.axhline(0, color="grey", lw=0.8)
         bottom.set(xlabel="eval length / training length", ylabel="loss minus crop past L (nats)")
         bottom.set_xscale("log", base=2)

@@ -15,7 +15,8 @@ import train
 from data.dataset import held_out, load_split
 from eval import compare, extrapolate
 from common import UserError
-from eval.report import PLOT_BINS, extrapolation_table, plotted
+from eval.methods import METHODS
+from eval.report import BEST_N, CARD, PLOT_BINS, STYLES, extrapolation_table, line_style, past_means, plotted, same_rows, signed
 from eval.score import score_sliding, score_windows, sliding_windows
 from runtime import load_run
 from model import KVCache
@@ -386,7 +387,11 @@ def test_compare_two_runs(report, rope_run, learned_run, tmp_path, capsys):
     rope_dir.mkdir()
     (rope_dir / "extrapolation.json").write_text(json.dumps(report))
     capsys.readouterr()
-    compare.main([str(rope_dir), str(learned_run), "--out", str(tmp_path / "cmp")])
+    compare.main([str(rope_dir), str(learned_run), "--out", str(tmp_path / "past")])  # by default: loss minus crop past L
+    past = (tmp_path / "past" / "compare.md").read_text()
+    assert past.startswith("loss minus crop past L") and "| 2x (64) | 4x (128) |" in past and "| rope / crop | 0 (crop) |" in past
+    capsys.readouterr()
+    compare.main([str(rope_dir), str(learned_run), "--out", str(tmp_path / "cmp"), "--metric", "ppl"])
     md = (tmp_path / "cmp" / "compare.md").read_text()
     assert md == capsys.readouterr().out.split("-> ")[0]
     rows = [line.split(" | ")[0].lstrip("| ") for line in md.splitlines() if line.startswith("| ") and "---" not in line][1:]
@@ -477,8 +482,20 @@ def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_wi
         crop = by(report, "crop")[T]
         assert np.mean(r["crop_curve"]["diff_crop"]) == pytest.approx(r["loss"] - crop["loss"], abs=1e-5)
     windows = [r for r in report["results"] if r["protocol"] == "windows"]
-    assert plotted(windows, None) == ["none", "pi", "ntk", "yarn", "llama3"]  # of the 12 evaluated
-    assert plotted(windows, ["logn", "crop"]) == ["logn"]  # crop is the zero line
+    drawn, means = plotted(windows, None, L), past_means(windows, L)
+    others = sorted((k for k in means if k.split(" (")[0] not in CARD and k != "dynamic-ntk (sequence)"), key=means.get)
+    assert drawn == ["none", "pi", "ntk", "yarn", *others[:BEST_N]]  # and the others this run has nearest crop
+    assert plotted(windows, ["logn", "crop"], L) == ["logn"]  # crop is the zero line
+    assert same_rows(report["results"]) == {"dynamic-ntk (sequence)": "ntk"}  # one forward, two names: drawn once
+
+
+def test_every_method_has_its_own_colour_and_marker_in_every_figure_and_no_difference_reads_minus_zero():
+    assert list(STYLES) == list(METHODS)  # one table, keyed by name: pi is orange in every command's figure
+    for i in range(2):
+        assert len({style[i] for style in STYLES.values()}) == len(STYLES)
+    assert line_style("crop")["ls"] == "--" and line_style("dynamic-ntk (sequence)")["ls"] == "-"
+    assert line_style("yarn:beta_fast=4") == dict(line_style("yarn"), ls="--")  # a variant: its method's colour, dashed
+    assert (signed(-0.0001), signed(-0.0123), signed(0.5), signed(None)) == ("0.000", "-0.012", "+0.500", "n/a")
 
 
 def test_dev_and_test_are_the_even_and_odd_held_out_documents():

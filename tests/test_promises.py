@@ -71,7 +71,7 @@ def tiny_run(folder, dataset, **model_args):
 
 def fake_report(folder, run, ppl, **drop):
     """An extrapolation.json as compare.py reads it: one entry per length, ppl as given."""
-    result = dict(protocol="windows", method="none", mode=None, eval_len=64, ppl=ppl, ppl_beyond_train=ppl)
+    result = dict(protocol="windows", method="none", mode=None, eval_len=64, ppl=ppl, ppl_beyond_train=ppl, diff_crop=0.1)
     folder.mkdir(parents=True, exist_ok=True)
     report = dict(run=run, train_len=32, units={}, results=[{k: v for k, v in result.items() if k not in drop}])
     (folder / "extrapolation.json").write_text(json.dumps(report))
@@ -126,7 +126,7 @@ def test_options_that_would_be_ignored_are_refused(tmp_path):
 
 def test_runs_named_alike_are_keyed_by_their_paths_and_a_run_twice_is_refused(tmp_path, capsys):
     a, b = fake_report(tmp_path / "a" / "rope", "rope", 5.0), fake_report(tmp_path / "b" / "rope", "rope", 7.0)
-    compare.main([str(a), str(b), "--out", str(tmp_path / "cmp")])
+    compare.main([str(a), str(b), "--out", str(tmp_path / "cmp"), "--metric", "ppl"])
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert f"| {a} / none | 5.00 |" in table and f"| {b} / none | 7.00 |" in table  # two rows, not one merged
     one_line(error("compare.py", compare.main, [str(a), f"{a}/", "--out", str(tmp_path / "cmp2")]), "given twice")

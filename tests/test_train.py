@@ -43,6 +43,15 @@ def test_config_file_and_overrides(tmp_path):
     assert config["wandb_run_name"] == "default"
 
 
+def test_the_learning_rate_decays_to_min_lr_by_max_iters_unless_lr_decay_iters_is_given():
+    short = train.load_config([str(ROOT / "configs/rope_small.py"), "--max_iters=300"])
+    assert short["lr_decay_iters"] == 300 and train.lr_at(300, short) == pytest.approx(short["min_lr"])
+    assert train.lr_at(150, short) > train.lr_at(250, short) > short["min_lr"]  # a cosine over the run's own length
+    given = train.load_config([str(ROOT / "configs/rope_small.py"), "--max_iters=300", "--lr_decay_iters=1500"])
+    assert given["lr_decay_iters"] == 1500 and train.lr_at(300, given) > 0.9 * given["learning_rate"]  # as asked
+    assert train.load_config([str(ROOT / "configs/rope_small_pi4x.py"), "--max_iters=600"])["lr_decay_iters"] == 300  # the file's
+
+
 @pytest.mark.parametrize("content, argv, message", [
     ("n_layers = 4\n", [], "unknown config key 'n_layers'"),
     ("", ["--batchsize=4"], "unknown config key 'batchsize'"),
