@@ -134,17 +134,19 @@ def data_identity(meta):
 
 def provenance_changes(ckpt, config, meta, free=HOW_KEYS):
     """What differs between what a checkpoint was trained from and config on meta's data (None: not compared), as
-    'key=recorded (now ...)' each: every config key but the model's (start_checkpoint compares them) and free, the
-    data's contents (not only its folder's name) and the init source. A checkpoint from before a key recorded it
-    was trained with the key's default."""
+    'key=recorded (now ...)' each: every config key but free, the data's contents (not only its folder's name) and the
+    init source. A key newer than the checkpoint was trained as its default; the training length a fine-tune's
+    rope_scaling took from its origin (start_checkpoint) counts as given."""
     recorded, changes = ckpt["config"], []
     sha = (ckpt.get("data") or {}).get("sha256")  # older checkpoints: the dataset by its name only
-    for key in (k for k in DEFAULTS if k not in MODEL_KEYS + free and not (k == "dataset" and sha and meta)):
-        if (was := recorded.get(key, DEFAULTS[key])) != config[key]:
-            changes.append(f"{key}={was!r} (now {config[key]!r})")
+    for key in (k for k in DEFAULTS if k not in free and not (k == "dataset" and sha and meta)):
+        was, now = recorded.get(key, DEFAULTS[key]), config[key]
+        if key == "rope_scaling" and isinstance(was, dict) and isinstance(now, dict) and ORIGINAL not in now:
+            was = {k: v for k, v in was.items() if k != ORIGINAL}
+        if was != now:
+            changes.append(f"{key}={was!r} (now {now!r})")
     if sha and meta and (now := data_identity(meta)["sha256"]) != sha:
-        changes.append(f"dataset={recorded['dataset']!r} with train.bin {sha['train.bin'][:12]} (now {config['dataset']!r}"
-                       f" with train.bin {now['train.bin'][:12]}: other text)")
+        changes.append(f"dataset={recorded['dataset']!r} (now {config['dataset']!r}, other text)")
     init = (ckpt.get("origin") or {}).get("init_from", "scratch")
     if config["init_from"] != "resume" and str(init) != str(config["init_from"]):
         changes.append(f"init_from={init!r} (now {config['init_from']!r})")
@@ -178,10 +180,10 @@ def start_checkpoint(config, meta, device):
         differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
     if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
         differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
-    if not tune and not differ and (changed := provenance_changes(ckpt, config, meta, HOW_KEYS + LONGER_KEYS)):
+    if not tune and not differ and (changed := provenance_changes(ckpt, config, meta, HOW_KEYS + LONGER_KEYS + MODEL_KEYS)):
         raise UserError(f"checkpoint {path}/ckpt.pt was trained otherwise: {'; '.join(changed)}; a resume may change only "
-                        f"{', '.join(LONGER_KEYS)} and how it runs ({', '.join(HOW_KEYS[3:])}); to train on otherwise, "
-                        f"fine-tune from it: --init_from={path}/ckpt.pt --out_dir=<a new folder>")
+                        f"{' and '.join(LONGER_KEYS)} and how it runs (device, logging, ...); to train on otherwise, "
+                        f"fine-tune from it into a new --out_dir")
     if differ:
         raise UserError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
                          f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
