@@ -96,8 +96,7 @@ def load_config(argv):
         raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: only a RoPE model "
                         "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
     if config["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
-        raise UserError(f"block_size={config['block_size']} is too short for the evaluation's default methods (sinks keeps "
-                        f"first tokens in a window of block_size): use block_size >= {MIN_BLOCK_SIZE}")
+        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size >= {MIN_BLOCK_SIZE}")
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
         raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
                          f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
