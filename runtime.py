@@ -1,9 +1,8 @@
-"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, wandb, checkpoints and the run
+"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, checkpoints and the run
 folder a training writes. The torch-free helpers (errors, CLI, locks, atomic writes) are common.py's."""
 import importlib
 import io
 import json
-import netrc
 import os
 import shutil
 from contextlib import contextmanager, nullcontext, suppress
@@ -17,6 +16,7 @@ from data.dataset import builtin, load_meta, load_split
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
+from wandb_runs import RUN_FILE
 
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
@@ -44,17 +44,6 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
     tok_s = tokens / seconds
     flops = flops_per_token * tok_s
     return tok_s, flops, flops / (peak * world) if peak else None
-
-
-def init_wandb(config, job_type, group):
-    """A wandb run that never blocks on a login prompt: online when logged in, else offline."""
-    import wandb
-    logged_in = False
-    with suppress(OSError, netrc.NetrcParseError):
-        logged_in = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
-    mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
-    return wandb.init(project=config["wandb_project"], name=f"{config['wandb_run_name']}-{job_type}", group=group,
-                      job_type=job_type, config=config, mode=mode)
 
 
 def load_checkpoint(path, device="cpu"):
@@ -191,7 +180,7 @@ def start_checkpoint(config, meta, device):
     return ckpt, origin
 
 
-RUN_FILES = ("ckpt.pt", "log.jsonl", "log.jsonl.rejected")  # a run's own files, which a run --overwrite=True replaces
+RUN_FILES = ("ckpt.pt", "log.jsonl", "log.jsonl.rejected", RUN_FILE)  # a run's own files, which --overwrite=True replaces
 REPLACED = ".replaced"  # where they wait until the new run's first checkpoint (then removed) or its failure (then back)
 
 

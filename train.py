@@ -20,8 +20,9 @@ from config import load_config, model_config
 from data.dataset import get_rows
 from data.synthetic import mix_retrieval, random_vocab, retrieval_check
 from model import GPT
-from runtime import (autocast, init_wandb, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint,
-                     throughput, training_data, trim_log)
+from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
+                     training_data, trim_log)
+from wandb_runs import open_run
 
 # ----------------------------------------------------------------------------- training
 
@@ -139,8 +140,7 @@ def train(config):
         if master:
             print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
-        wandb_run = (init_wandb(config, "train", group=config["wandb_group"] or config["wandb_run_name"])
-                     if master and config["wandb_log"] else None)
+        wandb_run = open_run(config, out_dir, new=config["init_from"] != "resume") if master and config["wandb_log"] else None
         run = dict(model=raw_model, optimizer=optimizer, splits=splits, config=config, ctx=ctx, device=device, meta=meta,
                    copy_vocab=copy_vocab, out_dir=out_dir, logged=logged, wandb=wandb_run, origin=origin, rng=rng)
 

@@ -19,7 +19,8 @@ from eval.score import score_sliding, score_windows, sliding_windows
 from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
                     unless_check)
-from runtime import init_wandb, load_run
+from runtime import load_run
+from wandb_runs import extrapolation_metrics, log_results
 
 PROTOCOLS = ("windows", "sliding")
 DOCS = ("all", "dev", "test")  # the held-out documents, or one half of them: dev (even-numbered files), test (odd)
@@ -150,16 +151,12 @@ def run_grid(model, tokens, docs, args, train_len):
     return results, starts, unit_docs, crop_stride
 
 
-def log_wandb(report, ckpt, png_path):
+def log_wandb(report, ckpt, run_dir, png_path):
+    """Into the model's wandb run (wandb_runs.py): the numbers as summary metrics, the curves by position, the table and figure."""
     import wandb
-    with init_wandb(ckpt["config"], "extrapolate", group=ckpt["config"].get("wandb_group") or report["run"]) as run:
-        run.log({"extrapolation/summary": wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])})
-        for T in sorted({r["eval_len"] for r in report["results"]}):
-            if curves := [r for r in report["results"] if r["eval_len"] == T and r.get("curve")]:
-                run.log({f"extrapolation/loss_by_position_{T}": wandb.plot.line_series(
-                    xs=curves[0]["curve"]["x"], ys=[r["curve"]["loss"] for r in curves], keys=[label(r) for r in curves],
-                    title=f"NLL by position, eval length {T}", xname="position")})
-        run.log({"extrapolation/plot": wandb.Image(str(png_path))})
+    log_results(run_dir, ckpt["config"], *extrapolation_metrics(report), media={
+        "extrapolation/table": wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]]),
+        "extrapolation/plot": wandb.Image(str(png_path))})
 
 
 def extrapolate(args):
@@ -196,7 +193,7 @@ def extrapolate(args):
           + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
           f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")
     if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:
-        log_wandb(report, ckpt, out / "extrapolation.png")
+        log_wandb(report, ckpt, args["run_dir"], out / "extrapolation.png")
     return report
 
 

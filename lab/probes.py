@@ -26,7 +26,8 @@ from positions import visible
 from lab.bound import first_negative
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
 from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values, unless_check
-from runtime import init_wandb, load_run
+from runtime import load_run
+from wandb_runs import log_results, probe_metrics
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
@@ -293,13 +294,12 @@ def plot_by_length(report, probe):
     return png(fig)
 
 
-def log_wandb(report, ckpt, pngs):
+def log_wandb(report, ckpt, run_dir, pngs):
+    """Into the model's wandb run (wandb_runs.py): the rates as summary metrics, the table and figures."""
     import wandb
     rows = [[r.get(k) for k in CSV_FIELDS] for r in report["results"] if r["probe"] in ("copy", "mqar", "passkey")]
-    with init_wandb(ckpt["config"], "probes", group=ckpt["config"].get("wandb_group") or report["run"]) as run:
-        run.log({"probes/summary": wandb.Table(columns=list(CSV_FIELDS), data=rows),
-                 "probes/retrieves": (report["retrieval"] or {}).get("retrieves"),
-                 **{f"probes/{p.stem}": wandb.Image(str(p)) for p in pngs}})
+    log_results(run_dir, ckpt["config"], probe_metrics(report), media={
+        "probes/table": wandb.Table(columns=list(CSV_FIELDS), data=rows), **{f"probes/{p.stem}": wandb.Image(str(p)) for p in pngs}})
 
 
 def probes(args):
@@ -342,7 +342,7 @@ def probes(args):
     print(f"{summary(report)}\n{len(results)} probe entries in {report['seconds']:.0f}s ("
           + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, " + ", ".join(figures))
     if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:
-        log_wandb(report, ckpt, [out / name for name in figures])
+        log_wandb(report, ckpt, args["run_dir"], [out / name for name in figures])
     return report
 
 

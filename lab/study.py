@@ -18,7 +18,8 @@ from lab.family import decide, declare, paired, past_l, same_options, shared_doc
 from lab.stats import LEVEL, blocks, interval, ratio_interval
 from common import (ROOT, UserError, claim_output, command_parser, data_dir, json_text, parse_number, run_cli,
                     shared_values)
-from runtime import init_wandb, load_checkpoint, provenance_changes
+from runtime import load_checkpoint, provenance_changes
+from wandb_runs import contrast_metrics, log_results
 from config import load_config
 from data.dataset import load_meta
 
@@ -429,14 +430,16 @@ def plot(rows):
 
 
 def log_wandb(study, out, png_path, md):
+    """The study's own wandb run, in the group of its runs: the declared contrasts as summary metrics, the table and figure."""
     import wandb
     cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi", "p")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
             + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi", "p")] for r in study["rows"]]
-    with init_wandb(dict(wandb_project="ropelab", wandb_run_name=out.name, configs=study["configs"], seeds=study["seeds"]),
-                    "study", group=out.name) as run:
-        run.log({"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
-                 "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
+    train_lens = {r["config"]: r["train_len"] for r in study["rows"]}
+    log_results(out, dict(wandb_group=out.name, configs=study["configs"], seeds=study["seeds"]),  # its runs' group
+                contrast_metrics(study.get("contrasts") or {"rows": []}, train_lens), job_type="study",
+                media={"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
+                       "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
 
 
 def from_root(path):

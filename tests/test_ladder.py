@@ -62,3 +62,5 @@ def test_a_shape_holds_only_where_the_intervals_say_so():
     assert ladder.holds("ntk", [(0.1, 0.11, 0.12), (0.01, 0.04, 0.06)])
     assert not ladder.holds("ntk", [(0.1, 0.11, 0.12), (0.1, 0.2, 0.3)])  # not falling toward crop
     assert not ladder.holds("ntk", [(-0.01, 0.11, 0.12), (0.01, 0.04, 0.06)])
+    assert ladder.holds("none", [(-0.004, 0.0, 0.005), (-0.009, -0.002, 0.004)])
+    assert not ladder.holds("none", [(-0.004, 0.0, 0.005), (0.001, 0.008, 0.012)])  # 4x reaches past the margin

@@ -380,19 +380,6 @@ def test_the_figure_puts_three_configs_a_row(tmp_path):
     assert imread(tmp_path / "study.png").shape[:2] == (1600, 1650)
 
 
-def test_the_study_logs_to_wandb_offline_without_a_login(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    rows = study.aggregate({"rope_small": [fake_report(4.0, 3.5), fake_report(4.2, 3.6)]})
-    (tmp_path / "study.png").write_bytes(study.plot(rows))
-    study.log_wandb(dict(configs=["rope_small"], seeds=2, rows=rows), tmp_path / "mystudy", tmp_path / "study.png",
-                    study.markdown(rows, 2))
-    import wandb
-    wandb.teardown()  # wandb keeps process-wide settings (its dir) from the first init: leave none behind
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-
-
 def test_the_study_writes_its_outputs_last(tmp_path, monkeypatch):
     # issue 19: a study that fails while aggregating or drawing leaves no study.json behind it (nor a folder)
     run_dir = tmp_path / "run"

@@ -1,0 +1,163 @@
+"""wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation, probes and
+training resume by the id kept in the run folder; every number a user compares a summary metric with a sortable name;
+curves as history on their own x-axis (training: iter; loss by position: position). Never waits on a login or a
+network: offline, said in one line, whenever the server cannot be had. Torch-free."""
+import json
+import netrc
+import os
+import re
+import secrets
+import socket
+from contextlib import suppress
+from pathlib import Path
+from urllib.parse import urlparse
+
+from common import run_home
+
+RUN_FILE = "wandb.json"  # in a run folder: the id, name, group and job type of its wandb run
+CONNECT_TIMEOUT, INIT_TIMEOUT = 3, 30  # seconds: a server that does not answer in these is not there
+AXES = {"iter": ("train/*", "val/*", "lr", "tokens_per_s"),  # x-axis: the metrics plotted against it
+        "position": ("loss_by_position/*", "loss_minus_crop_by_position/*")}
+HIDDEN = ("position", "position_over_L")  # x-axes of their own, not curves against wandb's _step
+
+
+def server():
+    """(base URL, host, port) of the wandb server this machine would log to."""
+    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    return url.geturl(), url.hostname, url.port or (80 if url.scheme == "http" else 443)
+
+
+def wandb_mode():
+    """WANDB_MODE's offline or disabled as given; else online where there is a login and its server answers within
+    CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails, and without a
+    network waits about 100 s before it fails)."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode in ("offline", "disabled"):
+        return mode
+    url, host, port = server()
+    login = os.environ.get("WANDB_API_KEY")
+    with suppress(OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that cannot be read: no login there
+        login = login or netrc.netrc().authenticators(host)
+    why = None if login else "no wandb login (WANDB_API_KEY or `wandb login`)"
+    if login:
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT).close()
+        except OSError as e:
+            why = f"{url} cannot be reached ({e.strerror or e})"
+    if why:
+        offline(why)
+    return "online" if why is None else "offline"
+
+
+def offline(why):
+    print(f"wandb: {why}: logging offline under ./wandb; upload with `wandb sync wandb/offline-run-*`", flush=True)
+
+
+def open_run(config, run_dir, new=False, job_type=None):
+    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere: resumed by the
+    id in run_dir/wandb.json, else (or new: a training from scratch) a new run whose id is kept there. Its name is the
+    run's, its group the study's (wandb_group) or else its own (a fine-tune: its origin's group), so a workspace
+    groups a model with its fine-tunes; job type train, fine-tune, or as given. Its config: the run's, and config_name,
+    the run's name without a study's _seed<k>, which a config's seeds share (a workspace groups them by it)."""
+    import wandb
+    run_dir = run_home(run_dir)
+    known = {} if new else read_json(run_dir / RUN_FILE)
+    mode = wandb_mode()
+    if mode == "disabled":
+        return None
+    origin = config.get("init_from", "scratch")
+    tuned = origin not in ("scratch", "resume")
+    name = config.get("wandb_run_name") or run_dir.name
+    run = known or dict(id=secrets.token_hex(4), name=name, project=config.get("wandb_project", "ropelab"),
+                        group=config.get("wandb_group") or (tuned and read_json(run_home(origin) / RUN_FILE).get("group"))
+                        or name, job_type=job_type or ("fine-tune" if tuned else "train"))
+    if not known:
+        with suppress(OSError):  # a read-only run folder: its evaluations log to runs of their own
+            (run_dir / RUN_FILE).write_text(json.dumps(run))
+    settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)), resume="allow" if known else None, **run)
+    try:
+        wb = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=INIT_TIMEOUT), **settings)
+    except wandb.errors.CommError as e:  # reachable, yet no run within INIT_TIMEOUT, or the login was refused
+        offline(f"the server did not start the run ({' '.join(str(e).split())[:120]})")
+        wb = wandb.init(mode="offline", **settings)
+    for m in HIDDEN:
+        wb.define_metric(m, hidden=True)
+    for step, metrics in AXES.items():
+        for m in metrics:  # curves' values are no summary: the summary is the numbers a runs table compares
+            wb.define_metric(m, step_metric=step, **({} if step == "iter" else {"summary": "none"}))
+    return wb
+
+
+def read_json(path):
+    with suppress(OSError, ValueError):  # none there (a run that never logged), or not ours
+        return json.loads(Path(path).read_text())
+    return {}
+
+
+def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
+    """Into the model's run: summary metrics, history rows (curves on their own x-axis) and media (tables, images)."""
+    if (run := open_run(config, run_dir, job_type=job_type)) is None:
+        return
+    with run:
+        for row in rows:
+            run.log(row)
+        if media:
+            run.log(media)
+        run.summary.update(summary)
+
+
+def key(*parts):
+    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn - rope_small crop')."""
+    return "/".join(re.sub(r"[\s/()]+", "_", str(p)).strip("_") for p in parts)
+
+
+def times(n, L):
+    return f"{n / L:g}x"
+
+
+EXTRAPOLATION = dict(ppl="ppl", ppl_past_L="ppl_beyond_train", loss_past_L="loss_beyond_train",
+                     loss_minus_crop_past_L="diff_crop", loss_minus_crop_past_L_stderr="diff_crop_stderr",
+                     loss_minus_none_past_L="diff_none", loss_minus_none_inside_L="diff_none_inside")
+
+
+def extrapolation_metrics(report):
+    """(summary, history rows) of an eval/extrapolate.py report: per length (a multiple of L), method and, where both
+    ran, protocol, the numbers of EXTRAPOLATION; per length the binned loss and loss minus crop by position, the bins
+    of extrapolation.png, in rows whose x is the token position (and position_over_L, its multiple of L)."""
+    L, results = report["train_len"], [r for r in report["results"] if r["available"]]
+    both = len({r["protocol"] for r in results}) > 1
+    summary, by_length = {}, {}
+    for r in results:
+        method = "-".join(filter(None, (r["method"], r["mode"])))  # dynamic-ntk-causal
+        at = (times(r["eval_len"], L), method, *([r["protocol"]] if both else []))
+        summary.update({key(name, *at): r[field] for name, field in EXTRAPOLATION.items() if r[field] is not None})
+        for curve, name, field in (("curve", "loss_by_position", "loss"), ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
+            for x, y in zip(*(r[curve][k] for k in ("x", field))) if r.get(curve) else ():
+                by_length.setdefault(r["eval_len"], {}).setdefault(x + 1, {})[key(name, *at[:2])] = y
+    rows = [dict(position=p, position_over_L=p / L, **values) for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
+    return summary, rows
+
+
+def probe_metrics(report):
+    """Summary of a lab/probes.py report: copy and MQAR top-1 by distance, passkey exact match by length (mean over
+    depths), each a multiple of L, per method; and whether the run copies inside L."""
+    L, cells = report["train_len"], {}
+    for r in (r for r in report["results"] if r["available"] and r["probe"] in ("copy", "mqar", "passkey")):
+        at, value = ("eval_len", "exact") if r["probe"] == "passkey" else ("distance", "top1")
+        cells.setdefault(key(f"{r['probe']}_{value}", times(r[at], L), r["method"]), []).append(r[value])
+    summary = {k: sum(v) / len(v) for k, v in cells.items()}
+    if (c := report.get("retrieval")) and c["inside_top1"] is not None:
+        summary.update(copy_top1_inside_L=c["inside_top1"], **({} if c["retrieves"] is None else {"copies": int(c["retrieves"])}))
+    return summary
+
+
+def contrast_metrics(contrasts, train_lens):
+    """Summary of a study's decided contrasts: contrast/<config>/<a>_minus_<b>/<n>x/{mean,lo,hi,p,decision}, n the
+    length (loss) or distance (probes) as a multiple of the config's L (train_lens: {config: L})."""
+    summary = {}
+    for c in contrasts["rows"]:
+        what = c["method"] if " - " in c["method"] else f"{c['method']} - {c['ref']}"
+        at = key("contrast", c["config"], what.replace(" - ", "_minus_").replace(": ", "_"), times(c["at"], train_lens[c["config"]]))
+        summary.update({f"{at}/{k}": c[k] for k in ("mean", "lo", "hi", "p")})
+        summary[f"{at}/decision"] = c["decision"] if c["decision"] != "undecided" else c["equivalence"]
+    return summary
