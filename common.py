@@ -10,6 +10,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+MAX_FACTOR = 1e6  # a scaling factor's largest: past it the RoPE math overflows (NTK's base * factor ** (d / (d - 2)))
 OOM_HINT = {"train.py": "lower --batch_size (and raise --gradient_accumulation_steps to keep the tokens per iteration), "
                          "--block_size or the model size",
             "sample.py": "lower --num_samples or --max_new_tokens",
@@ -69,6 +70,9 @@ def command_parser(doc, *shared, out=None, seed=0, wandb_log=None):
         p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
     if "seed" in shared:
         p.add_argument("--seed", default=str(seed), help=f"seed of the random choices (default {seed})")
+    if "check" in shared:
+        p.add_argument("--check", action="store_true", help="check the options and exit, computing nothing (what a study "
+                                                            "runs before its first training)")
     if "wandb" in shared:
         p.add_argument("--wandb_log", default=wandb_log,
                        help=f"log to wandb: true | false (default {wandb_log or 'as the run'})")
@@ -85,8 +89,15 @@ def shared_values(a):
         raise UserError(f"--wandb_log {a.wandb_log!r} is not true or false")
     values = dict(run_dir=lambda: Path(a.run_dir), out=lambda: run_home(a.run_dir) if a.out is None else Path(a.out),
                   device=lambda: pick_device(a.device), seed=lambda: parse_number(a.seed, "seed", int, 0),
-                  wandb_log=lambda: None if a.wandb_log is None else a.wandb_log.lower() == "true")
+                  wandb_log=lambda: None if a.wandb_log is None else a.wandb_log.lower() == "true", check=lambda: a.check)
     return {k: value() for k, value in values.items() if k in a}
+
+
+def unless_check(fn, args):
+    """fn(args), or with --check only the note that the options passed (a study checks its commands' options so)."""
+    if not args.get("check"):
+        return fn(args)
+    print("options checked")
 
 
 def pick_device(name):
@@ -116,7 +127,7 @@ def parse_list(text, name, convert, allowed=None):
     return values
 
 
-def parse_number(text, name, convert, minimum):
+def parse_number(text, name, convert, minimum, maximum=None):
     try:
         value = convert(text)
     except ValueError:
@@ -125,6 +136,8 @@ def parse_number(text, name, convert, minimum):
         raise UserError(f"--{name} {text!r} is not a finite number; use a number >= {minimum}")
     if not value >= minimum:  # also catches nan
         raise UserError(f"--{name} must be >= {minimum}, got {text}")
+    if maximum is not None and value > maximum:
+        raise UserError(f"--{name} {text} is too large: use a number <= {maximum:g}")
     return value
 
 
@@ -173,14 +186,28 @@ def json_text(obj, indent=None):
 
 # ----------------------------------------------------------------------------- the one lock system
 
+def holder(pid, since):
+    """Whether process pid is alive and started before time `since` (a lock's or a temporary file's mtime): a pid
+    reused since (a restarted container, a later process) is not the one that wrote the file."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # alive, another user's
+        pass
+    except (OSError, OverflowError):  # no such process
+        return False
+    with suppress(OSError, ValueError, IndexError, StopIteration):  # no /proc (not Linux): alive is all we know
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: start, in ticks
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK") <= since + 1  # btime is whole seconds
+    return True
+
+
 def take_lock(lock):
-    """Write this process's pid into the file lock and return None; if a live process other than this one (a restarted
-    container may reuse a pid) holds it, return its pid instead. A lock whose process has ended is taken over."""
-    with suppress(OSError, ValueError):  # no lock, no pid in it, or no such process (os.kill raises): stale
+    """Write this process's pid into the file lock and return None; if a live process other than this one that was
+    running when the lock was written holds it, return its pid instead. Any other lock is stale and taken over."""
+    with suppress(OSError, ValueError):  # no lock, or no pid in it: stale
         pid = int(lock.read_text())
-        with suppress(PermissionError):  # alive, another user's
-            os.kill(pid, 0)
-        if pid > 0 and pid != os.getpid():
+        if pid > 0 and pid != os.getpid() and holder(pid, lock.stat().st_mtime):
             return pid
     lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
     with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another process took it just now
@@ -191,25 +218,44 @@ def take_lock(lock):
 _CLAIMED = []  # (lock, folders made for it) of claim_output, released by run_cli, write_all or at exit
 
 
-def claim_output(folder, name, lock_name=None, in_use=None):
+SOURCE_FOLDERS = ("configs", "data", "eval", "lab", "tests", ".git")  # the repository's own, beside its root
+
+
+def source_folder(folder, corpus=False):
+    """The repository folder `folder` lies in where no output belongs (its root, a source folder; data/ and the
+    corpora in it, unless corpus: a data/<name> folder for prepare.py), else None."""
+    for path in {Path(os.path.abspath(folder)), Path(folder).resolve()}:  # as written, and with links followed
+        if path == ROOT or path == ROOT / "data" or (path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0]
+                                                     in SOURCE_FOLDERS and not (corpus and path.parent == ROOT / "data")):
+            return ROOT if path == ROOT else ROOT / path.relative_to(ROOT).parts[0]
+    return None
+
+
+def claim_output(folder, name, lock_name=None, in_use=None, option="--out", corpus=False):
     """Make folder and hold folder/.<name>.lock (or lock_name) until the command ends: a second command writing the same
-    outputs there meanwhile is refused (in_use: what its error says), and a folder that cannot be written fails now, not
-    after the whole computation."""
+    outputs there meanwhile is refused (in_use: what its error says), and a folder that cannot be written, or one of
+    the repository's own (source_folder; corpus: prepare.py's data/<name>), fails now, not after the whole computation.
+    option: the option that names the folder, for the advice."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"output folder {folder} is a file: choose another --out")
+        raise UserError(f"output folder {folder} is a file: choose another {option}")
+    if inside := source_folder(folder, corpus):
+        raise UserError(f"output folder {folder} is inside the repository's {'root' if inside == ROOT else inside.name + '/'} "
+                        f"folder, which holds its source{' and corpora' * (inside.name == 'data')}: choose another {option} "
+                        "(out/... is meant for outputs)")
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     lock = folder / (lock_name or f".{name}.lock")
-    in_use = in_use or f"another command is writing its {name} outputs there; wait for it, or give another --out"
+    in_use = in_use or f"another command is writing its {name} outputs there; wait for it, or give another {option}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if pid := take_lock(lock):
-            raise UserError(f"{folder} is in use by process {pid} ({lock}): {in_use}")
+            raise UserError(f"{folder} is in use by process {pid} ({lock}; not a ropelab command? delete it): {in_use}")
     except FileExistsError:
         raise UserError(f"{folder} is in use by another command ({lock}): {in_use}") from None
     except OSError as e:  # read-only, or under a file: found now, not after the whole computation
-        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another --out") from None
+        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another {option}") from None
     _CLAIMED.append((lock, made))
+    remove_leftovers(folder)
     return folder
 
 
@@ -231,14 +277,25 @@ atexit.register(release_outputs)
 
 # ----------------------------------------------------------------------------- the one atomic writer
 
+def remove_leftovers(folder):
+    """Remove the temporary files in folder (atomic's, .<name>.<pid>.tmp) whose writers ended without removing them (a
+    kill -9): the next command writing there cleans up after its dead predecessors."""
+    for tmp in Path(folder).glob(".*.*.tmp"):
+        with suppress(OSError, ValueError):  # not a pid in the name, gone already, or a read-only folder
+            if not holder(int(tmp.name.split(".")[-2]), tmp.stat().st_mtime):
+                tmp.unlink()
+
+
 @contextmanager
-def atomic(path):
+def atomic(path, buffering=-1):
     """A file to write in place of path: a temp file beside it, synced and renamed over path when the block ends, removed
-    if it fails, so a crash leaves the old file or the new one."""
+    if it fails, so a crash leaves the old file or the new one (and the next write of path removes a dead writer's temp
+    file). buffering: open's (0: each write reaches the disk or raises, as a full disk's OSError)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
+    remove_leftovers(path.parent)
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", buffering=buffering) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

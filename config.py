@@ -7,7 +7,8 @@ from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
-from common import UserError
+from common import MAX_FACTOR, UserError
+from eval.methods import METHODS_TABLE
 from model import POS_EMBS, GPTConfig
 from rope import COMMON_KEYS, LAYOUTS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
 
@@ -30,6 +31,7 @@ DEFAULTS = dict(
     device="auto", dtype="auto", compile=False,  # auto: cuda, then mps, then cpu; bfloat16 on CUDA if supported, else float32
     seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
 )
+MIN_BLOCK_SIZE = max(e.shortest for e in METHODS_TABLE.values() if e.default)  # every default method can score it
 FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
 DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from pos_emb rope to none (DroPE): the rotation's
 CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"), retrieval_task=("copy", "mqar"))
@@ -94,6 +96,8 @@ def load_config(argv):
     if config["rope_scaling"] is not None and config["pos_emb"] != "rope":  # it would train and be stored, doing nothing
         raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: only a RoPE model "
                         "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
+    if config["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
+        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size >= {MIN_BLOCK_SIZE}")
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
         raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
                          f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
@@ -176,8 +180,8 @@ def check_scaling(scaling, head_dim=None):
     if "factor" in kind.required and "factor" not in scaling:
         raise UserError(f"rope_type {rope_type!r} needs 'factor'")  # transformers: a missing required key
     factor = get("factor", 1.0)
-    if not is_number(factor) or factor < 1:
-        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}")
+    if not is_number(factor) or not 1 <= factor <= MAX_FACTOR:  # past MAX_FACTOR the math overflows
+        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}" + f"; at most {MAX_FACTOR:g}" * (factor != 1))
     if (theta := get("rope_theta")) is not None and not (is_number(theta) and theta > 1):
         raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
     if (attention := get("attention_factor")) is not None and not (is_number(attention) and attention > 0):

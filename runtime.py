@@ -1,23 +1,30 @@
 """What the commands that run the model need around it: dtype and autocast, peak FLOPs, checkpoints and the run
 folder a training writes. The torch-free helpers (errors, CLI, locks, atomic writes) are common.py's."""
 import importlib
+import io
 import json
 import os
+import shutil
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 
-from common import UserError, claim_output, data_dir, release_outputs, write_atomic
+from common import UserError, atomic, claim_output, data_dir, release_outputs, write_atomic
 from data.dataset import builtin, load_meta, load_split
-from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, gpt_config
+from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
+from wandb_runs import RUN_FILE
 
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
 RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
+# how a run runs, not what it learns: the keys a resume or a study's reuse may change
+HOW_KEYS = ("out_dir", "init_from", "overwrite", "device", "dtype", "compile", "log_interval", "eval_interval",
+            "eval_iters", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
+LONGER_KEYS = ("max_iters", "lr_decay_iters")  # how long it trains: a resume may train on further
 
 
 def autocast(dtype, device_type):
@@ -102,8 +109,37 @@ def training_data(config, master, ddp):
     for s, tokens in splits.items():
         if len(tokens) <= config["block_size"]:
             raise UserError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
-                            f"({len(tokens)} tokens, a row takes block_size + 1): use block_size <= {len(tokens) - 1}")
+                            f"({len(tokens)} tokens, a row takes block_size + 1): " + (f"use block_size <= {len(tokens) - 1}"
+                            if len(tokens) > MIN_BLOCK_SIZE else f"too few for any model; prepare more {s} text "
+                            "(more documents, or a val_fraction nearer 0.5)"))
     return meta, splits
+
+
+def data_identity(meta):
+    """What a run was trained on, from its data's meta.json: tokenizer, vocabulary, source and the splits' sha256."""
+    return dict(tokenizer=meta["tokenizer"], vocab_size=meta["vocab_size"], source=meta.get("source"),
+                sha256={name: meta["files"][name]["sha256"] for name in ("train.bin", "val.bin")})
+
+
+def provenance_changes(ckpt, config, meta, free=HOW_KEYS):
+    """What differs between what a checkpoint was trained from and config on meta's data (None: not compared), as
+    'key=recorded (now ...)' each: every config key but free, the data's contents (not only its folder's name) and the
+    init source. A key newer than the checkpoint was trained as its default; the training length a fine-tune's
+    rope_scaling took from its origin (start_checkpoint) counts as given."""
+    recorded, changes = ckpt["config"], []
+    sha = (ckpt.get("data") or {}).get("sha256")  # older checkpoints: the dataset by its name only
+    for key in (k for k in DEFAULTS if k not in free and not (k == "dataset" and sha and meta)):
+        was, now = recorded.get(key, DEFAULTS[key]), config[key]
+        if key == "rope_scaling" and isinstance(was, dict) and isinstance(now, dict) and ORIGINAL not in now:
+            was = {k: v for k, v in was.items() if k != ORIGINAL}
+        if was != now:
+            changes.append(f"{key}={was!r} (now {now!r})")
+    if sha and meta and (now := data_identity(meta)["sha256"]) != sha:
+        changes.append(f"dataset={recorded['dataset']!r} (now {config['dataset']!r}, other text)")
+    init = (ckpt.get("origin") or {}).get("init_from", "scratch")
+    if config["init_from"] != "resume" and str(init) != str(config["init_from"]):
+        changes.append(f"init_from={init!r} (now {config['init_from']!r})")
+    return changes
 
 
 def start_checkpoint(config, meta, device):
@@ -133,6 +169,10 @@ def start_checkpoint(config, meta, device):
         differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
     if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
         differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
+    if not tune and not differ and (changed := provenance_changes(ckpt, config, meta, HOW_KEYS + LONGER_KEYS + MODEL_KEYS)):
+        raise UserError(f"checkpoint {path}/ckpt.pt was trained otherwise: {'; '.join(changed)}; a resume may change only "
+                        f"{' and '.join(LONGER_KEYS)} and how it runs (device, logging, ...); to train on otherwise, "
+                        f"fine-tune from it into a new --out_dir")
     if differ:
         raise UserError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
                          f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
@@ -140,28 +180,91 @@ def start_checkpoint(config, meta, device):
     return ckpt, origin
 
 
+RUN_FILES = ("ckpt.pt", "log.jsonl", "log.jsonl.rejected", RUN_FILE)  # a run's own files, which --overwrite=True replaces
+REPLACED = ".replaced"  # where they wait until the new run's first checkpoint (then removed) or its failure (then back)
+
+
+def settle_replaced(out_dir):
+    """The run an --overwrite=True moved aside: removed once the new run has a checkpoint, else put back (the new run
+    failed, was refused or was killed before its first checkpoint), its new log removed."""
+    aside = out_dir / REPLACED
+    if not aside.is_dir():
+        return
+    if (out_dir / "ckpt.pt").exists():
+        shutil.rmtree(aside)
+        return
+    for name in RUN_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+        if (aside / name).exists():
+            os.replace(aside / name, out_dir / name)
+    aside.rmdir()
+
+
 @contextmanager
 def run_folder(config):
-    """out_dir, made and locked (common.claim_output): out_dir/.lock holds the pid; a dead process's lock is taken over."""
+    """out_dir, made and locked (common.claim_output): out_dir/.lock holds the pid; a dead process's lock is taken over.
+    A new run into a folder holding one needs --overwrite=True, and replaces it only once its first checkpoint is
+    written: until then the old run waits in out_dir/.replaced, and comes back if the new one ends sooner."""
     out_dir = Path(config["out_dir"])
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
-    claim_output(out_dir, "train", lock_name=".lock", in_use="one training per out_dir")
+    claim_output(out_dir, "train", lock_name=".lock", in_use="one training per out_dir", option="--out_dir")
     try:
-        if config["init_from"] != "resume":
+        settle_replaced(out_dir)  # an earlier replacement killed half way
+        held = [name for name in RUN_FILES[:2] if (out_dir / name).exists()]
+        if config["init_from"] != "resume" and held:
             if config["overwrite"] and Path(config["init_from"]).resolve() in (out_dir.resolve(), (out_dir / "ckpt.pt").resolve()):
                 raise UserError(f"init_from={config['init_from']} is out_dir's own checkpoint, which --overwrite=True would "
-                                f"delete before loading it: fine-tune into another --out_dir")
-            if (out_dir / "ckpt.pt").exists() and not config["overwrite"]:
-                raise UserError(f"{out_dir} already holds a run (ckpt.pt): continue it with --init_from=resume, "
-                                 f"or replace it with --overwrite=True")
-            for name in ("ckpt.pt", "log.jsonl"):  # a new run starts its log anew
-                (out_dir / name).unlink(missing_ok=True)
+                                f"replace: fine-tune into another --out_dir")
+            if not config["overwrite"]:
+                raise UserError(f"{out_dir} already holds a run ({', '.join(held)}): " + ("continue it with "
+                                "--init_from=resume, or " if "ckpt.pt" in held else "") + "replace it with --overwrite=True")
+            (out_dir / REPLACED).mkdir()
+            for name in RUN_FILES:  # a new run starts its log anew
+                if (out_dir / name).exists():
+                    os.replace(out_dir / name, out_dir / REPLACED / name)
         yield out_dir
     finally:
-        release_outputs(out_dir)
-        with suppress(OSError):
-            out_dir.rmdir()  # only if empty: a run that failed before writing anything leaves no folder
+        try:
+            settle_replaced(out_dir)
+        finally:
+            release_outputs(out_dir)
+            with suppress(OSError):
+                out_dir.rmdir()  # only if empty: a run that failed before writing anything leaves no folder
+
+
+def save_checkpoint(run, iter_num, best_val_loss):
+    """The training's state at iter_num into out_dir/ckpt.pt, with what it was trained from (its config after the
+    overrides, its data's identity, its origin: what a resume and a study's reuse compare against), atomically: the
+    earlier checkpoint stays if this one fails (a full disk is one line); then the run it replaces is removed."""
+    state = {"model": run["model"].state_dict(), "optimizer": run["optimizer"].state_dict(), "iter_num": iter_num,
+             "model_args": asdict(run["model"].config), "best_val_loss": best_val_loss, "origin": run["origin"],
+             "config": run["config"], "data": data_identity(run["meta"]),
+             "rng": {"numpy": run["rng"].bit_generator.state, "torch": torch.get_rng_state()}}
+    path = run["out_dir"] / "ckpt.pt"
+    try:
+        with atomic(path, buffering=0) as f:  # unbuffered: a full disk is an OSError, not torch's "unexpected pos"
+            torch.save(state, WholeWrites(f))
+    except OSError as e:
+        raise OSError(f"cannot write {path} at iter {iter_num} ({e.strerror or e}): the checkpoint there is kept as "
+                      f"it was; free some space and resume with --init_from=resume") from None
+    settle_replaced(run["out_dir"])
+
+
+class WholeWrites(io.RawIOBase):
+    """A file whose every write is whole or an OSError (an unbuffered file may write part of one on a full disk)."""
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[self.f.write(view):]
+        return len(data)
 
 
 def trim_log(path, iter_num):

@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +15,12 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import UserError, json_text, pick_device, run_cli, write_atomic
+from common import UserError, json_text, pick_device, run_cli
 from config import load_config, model_config
 from data.dataset import get_rows
 from data.synthetic import mix_retrieval, random_vocab, retrieval_check
 from model import GPT
-from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, start_checkpoint, throughput,
+from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
                      training_data, trim_log)
 from wandb_runs import open_run
 
@@ -82,11 +81,7 @@ def evaluate_and_save(run, iter_num, lr, best_val_loss, saved):
                                                          for k, v in losses.items()}})
     if iter_num == 0:
         return best_val_loss, saved
-    state = {"model": run["model"].state_dict(), "optimizer": run["optimizer"].state_dict(),
-             "model_args": asdict(run["model"].config), "iter_num": iter_num, "best_val_loss": best_val_loss,
-             "origin": run["origin"], "config": run["config"], "data": {k: run["meta"][k] for k in ("tokenizer", "vocab_size")},
-             "rng": {"numpy": run["rng"].bit_generator.state, "torch": torch.get_rng_state()}}
-    write_atomic(run["out_dir"] / "ckpt.pt", lambda f: torch.save(state, f))
+    save_checkpoint(run, iter_num, best_val_loss)
     return best_val_loss, iter_num
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import UserError, write_atomic
+from common import UserError, remove_leftovers, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -27,6 +27,7 @@ def file_sha256(path):
 def is_prepared(out_dir, **expected):
     """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any)."""
     with suppress(OSError, ValueError):  # compared through JSON: tuples vs lists or int keys are no mismatch
+        remove_leftovers(out_dir)  # a killed preparation's temporary files: the one it re-prepares would replace them
         meta = load_meta(out_dir)
         return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
     return False
@@ -124,3 +125,17 @@ def doc_windows(docs, length, n_windows, rng):
     if total > n_windows:
         starts = starts[rng.choice(total, size=n_windows, replace=False)]
     return np.sort(starts)
+
+
+def in_tokens(multiples, option, train_len, docs):
+    """--option's multiples of the training length in tokens, each at least one and short enough for a window (with its
+    shifted target) inside the longest held-out document: else a one-line error in the option's own unit."""
+    longest = int((docs[:, 1] - docs[:, 0]).max()) if len(docs) else 0
+    for m in multiples:
+        if round(m * train_len) < 1:
+            raise UserError(f"--{option} {m:g} is under one token at training length {train_len}; use a larger multiple")
+        if round(m * train_len) >= longest:
+            raise UserError(f"--{option} {m:g} is {m * train_len:,.6g} tokens, and the longest held-out document has "
+                            f"{longest:,}: use --{option} below {(longest - 1) / train_len:.4g} (multiples of the training "
+                            f"length {train_len})")
+    return [round(m * train_len) for m in multiples]

@@ -151,7 +151,7 @@ def claim_corpus(out_dir, overwrite=False, **new):
     """out_dir held for one prepare.py at a time (common.claim_output; released when its meta.json is written), and
     refused, unless overwrite, if it holds a corpus prepared with other values of new (source, vocab_size,
     val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
-    claim_output(out_dir, "prepare")
+    claim_output(out_dir, "prepare", option="prepare.py --out_dir (train.py: --dataset=DIR, absolute)", corpus=True)
     try:
         old = json.loads((Path(out_dir) / "meta.json").read_text())
     except (OSError, ValueError):

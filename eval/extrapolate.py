@@ -11,13 +11,14 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, held_out, load_split
+from data.dataset import doc_windows, held_out, in_tokens, load_split
 from eval.report import BEST_N, CARD, PLOT_BINS, extrapolation_plot, extrapolation_table, json_csv, label, write_all
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
 from eval.score import score_sliding, score_windows, sliding_windows
 from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
-from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
+from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
+                    unless_check)
 from runtime import load_run
 from wandb_runs import extrapolation_metrics, log_results
 
@@ -32,7 +33,7 @@ CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "los
 
 
 def parse_args(argv):
-    p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb")
+    p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb", "check")
     for name, default, text in (
             ("lengths", "1,2,4,8,16", "multiples of the training length"),
             ("methods", ",".join(FIXED), "eval/methods.py's, each with optional settings: name:key=value (yarn:beta_fast=4)"),
@@ -67,8 +68,8 @@ def parse_args(argv):
         raise UserError(f"unknown --bins {a.bins!r}; allowed: {', '.join(BINS)}")
     return dict(args, bins=a.bins, docs=a.docs, stride=None if a.stride == "half" else parse_number(a.stride, "stride", int, 1),
                 tokens=parse_number(a.tokens, "tokens", int, 1), min_units=parse_number(a.min_units, "min_units", int, 2),
-                factor=None if a.factor == "auto" else parse_number(a.factor, "factor", float, 1),
-                dynamic_factor=parse_number(a.dynamic_factor, "dynamic_factor", float, 1),
+                factor=None if a.factor == "auto" else parse_number(a.factor, "factor", float, 1, MAX_FACTOR),
+                dynamic_factor=parse_number(a.dynamic_factor, "dynamic_factor", float, 1, MAX_FACTOR),
                 helped_threshold=parse_number(a.helped_threshold, "helped_threshold", float, 0),
                 crop_stride=None if a.crop_stride == "auto" else parse_number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
@@ -102,10 +103,7 @@ def window_positions(n, protocol, eval_len, stride):
 
 
 def run_grid(model, tokens, docs, args, train_len):
-    eval_lens = [round(m * train_len) for m in args["lengths"]]
-    if min(eval_lens) < 1:
-        raise UserError(f"--lengths {min(args['lengths']):g} is under one token at training length {train_len}; "
-                         "use a larger multiple")
+    eval_lens = in_tokens(args["lengths"], "lengths", train_len, docs)
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
             ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if split_method(m)[0] == "dynamic-ntk" else [None])]
@@ -197,7 +195,7 @@ def extrapolate(args):
 
 
 def main(argv):
-    return run_cli("extrapolate.py", lambda: extrapolate(parse_args(argv)))
+    return run_cli("extrapolate.py", lambda: unless_check(extrapolate, parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, sinks, me
 import math
 from typing import Callable, NamedTuple
 
-from common import UserError, parse_number
+from common import MAX_FACTOR, UserError, parse_number
 from model import POS_EMBS
 from positions import Method
 from rope import ORIGINAL
@@ -23,6 +23,7 @@ class Entry(NamedTuple):
     positions: Callable  # At -> the fields of its positions.Method
     settings: tuple = ()  # what a user may set, as name:key=value[:key=value] (yarn:beta_fast=4); unset: the method's rule
     default: bool = True  # in --methods' default list
+    shortest: int = 1  # the shortest trained context (block_size) it can score with: its window's, or sinks' and more
 
 
 class At(NamedTuple):  # what a method's positions may depend on
@@ -38,7 +39,7 @@ def yarn(a, **keys):
 
 
 def near(a):  # Self-Extend's and ReRoPE's neighbour window: exact distances below it, half the trained context unless set
-    return a.given.get("window", a.run_len // 2)
+    return a.given.get("window") or max(1, a.run_len // 2)
 
 
 def self_extend_group(length, run_len, window):
@@ -58,7 +59,7 @@ METHODS_TABLE = {
     "crop": Entry(POS_EMBS, None, lambda a: {"crop": a.run_len}),  # truncation to the last run_len tokens
     "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),  # sliding-window attention: the last run_len
     # the first SINKS tokens and the last run_len - SINKS
-    "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": SINKS}),
+    "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": min(SINKS, a.run_len - 1)}, shortest=SINKS + 1),
     "pi": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "linear", "factor": a.s}}),
     "ntk": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}}),
     "dynamic-ntk": Entry(ROPE, "multiplier",
@@ -71,13 +72,13 @@ METHODS_TABLE = {
     "ntk+logn": Entry(ROPE, "ratio", lambda a: {"rope_scaling": {"rope_type": "ntk", "factor": a.s}, "logn_len": a.L}),
     # exact distances below half the trained context, beyond it grouped by G (Self-Extend) or all at that half (ReRoPE)
     "self-extend": Entry(ROPE, None, lambda a: {"extend": (near(a), a.given.get("group") or self_extend_group(
-        a.length, a.run_len, near(a)))}, ("window", "group")),
-    "rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None)}, ("window",)),
+        a.length, a.run_len, near(a)))}, ("window", "group"), shortest=2),
+    "rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None)}, ("window",), shortest=2),
     # truncation to the last train_len tokens: a fine-tune's own positive control (crop, before a fine-tune)
     "crop-L": Entry(POS_EMBS, None, lambda a: {"crop": a.L}, default=False),
     # Leaky ReRoPE (Su 2023): beyond the window distances grow k times slower, w + (d - w) / k
     "leaky-rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None), "leak": a.given.get("k") or leaky_k(
-        a.length, a.run_len, near(a))}, ("window", "k"), default=False),
+        a.length, a.run_len, near(a))}, ("window", "k"), default=False, shortest=3),
     # LongRoPE's per-pair factors, the same at every length and no temperature: scale only the pairs you choose
     "pairs": Entry(ROPE, "per pair", lambda a: {"rope_scaling": {"rope_type": "longrope", "short_factor": a.s,
                                                                  "long_factor": a.s, "attention_factor": 1.0, ORIGINAL: a.L}},
@@ -153,7 +154,7 @@ PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per f
 
 def parse_pairs(text):
     """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept, unlike other lists."""
-    return None if text is None else [parse_number(t, "pair_factors", float, 1) for t in text.split(",")]
+    return None if text is None else [parse_number(t, "pair_factors", float, 1, MAX_FACTOR) for t in text.split(",")]
 
 
 def check_pairs(factors, config):
@@ -171,6 +172,8 @@ def unavailable(config, method, length):
     if not applicable([method], config.pos_emb):
         what = "masks relative positions" if method in MASKS else "rescales RoPE"
         return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
+    if config.block_size < (shortest := METHODS_TABLE[split_method(method)[0]].shortest):  # a run trained too short
+        return f"its window needs a run trained at block_size >= {shortest}, this one's is {config.block_size}"
     at = At(None, config.train_len, config.block_size, length, {})
     if config.pos_emb == "learned" and length > config.block_size and "crop" not in METHODS_TABLE[split_method(method)[0]].positions(at):
         return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "

@@ -20,14 +20,14 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, load_split
+from data.dataset import doc_windows, in_tokens, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import score_rows
 from eval.summary import mean_stderr
 from runtime import load_run
-from common import (UserError, claim_output, command_parser, unique_runs, json_text, parse_number, parse_list,
+from common import (MAX_FACTOR, UserError, claim_output, command_parser, unique_runs, json_text, parse_number, parse_list,
                     run_cli, run_home, shared_values)
 
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
@@ -54,7 +54,7 @@ def parse_args(argv):
                 options=[x for x in argv if x not in (a.run_dir, *a.more_runs)],
                 methods=parse_list(a.methods, "methods", str, FIXED), units=parse_number(a.units, "units", int, 1),
                 targets=None if a.targets == "auto" else parse_number(a.targets, "targets", int, 1),
-                factor=a.factor if a.factor in ("max", "grow") else parse_number(a.factor, "factor", float, 1))
+                factor=a.factor if a.factor in ("max", "grow") else parse_number(a.factor, "factor", float, 1, MAX_FACTOR))
 
 
 def factor_at(method, c, C, train_len, factor):
@@ -114,14 +114,14 @@ def context_sweep(args):
     claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
     L, run_len, pos_emb = model.config.train_len, model.config.block_size, model.config.pos_emb
     kept = methods.usable(args["methods"], pos_emb)
-    m, contexts = args["targets"] or max(1, L // 8), sorted({round(x * L) for x in args["contexts"]})
+    tokens, docs = load_split(data_dir, "val")
+    m, contexts = args["targets"] or max(1, L // 8), sorted(set(in_tokens(args["contexts"], "contexts", L, docs)))
     if bad := [c for c in contexts if c < m] + ([run_len] if "crop" in kept and run_len < m else []):
         raise UserError(f"context {bad[0]} tokens is shorter than the {m} targets: each context needs c >= m "
                          f"(use larger --contexts or fewer --targets)")
     cells = [(c, meth) for c in contexts for meth in kept]
     grid = [(c, meth, why) for (c, meth), why in
             zip(cells, methods.reasons(model.config, [(meth, c) for c, meth in cells]))]
-    tokens, docs = load_split(data_dir, "val")
     C = contexts[-1]
     try:  # one set of units for every context and method: the comparisons are paired
         starts = doc_windows(docs, C + 1, args["units"], np.random.default_rng(args["seed"]))

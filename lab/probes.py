@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, load_split
+from data.dataset import doc_windows, in_tokens, load_split
 from data.synthetic import mqar_rows, random_vocab
 from data.tokenizer import gpt2_tokenizer
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
@@ -25,7 +25,7 @@ from eval.summary import bin_edges, mean_stderr
 from positions import visible
 from lab.bound import first_negative
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
-from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
+from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values, unless_check
 from runtime import load_run
 from wandb_runs import log_results, probe_metrics
 
@@ -36,7 +36,7 @@ CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_
 
 
 def parse_args(argv):
-    p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb")
+    p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb", "check")
     for name, default, text in (
             ("probes", "copy,passkey,rotation,entropy", f"which probes: {', '.join(PROBES)}"), ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"),
             ("distances", "0.25,0.5,0.875,2,4,8,16", "copy distances, multiples of the training length (a fine-tune: its origin's)"),
@@ -309,6 +309,8 @@ def probes(args):
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")
     args = dict(args, methods=usable(args["methods"], pos_emb), train_len=model.config.train_len)
+    for option in ("distances", "lengths"):  # in tokens, each inside a held-out document: else one line in multiples
+        in_tokens(args[option], option, args["train_len"], docs)
     if "pairs" in args["methods"]:
         check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
@@ -359,7 +361,7 @@ def summary(report):
 
 
 def main(argv):
-    return run_cli("probes.py", lambda: probes(parse_args(argv)))
+    return run_cli("probes.py", lambda: unless_check(probes, parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ def test_bad_input_is_a_one_line_error(rope_run, learned_run, tmp_path):
     assert "--units must be >= 1, got 0" in error_of([*run, "--units", "0"])
     assert "--contexts must be positive" in error_of([*run, "--contexts", "1,-2"])
     assert "is not a comma-separated list of numbers" in error_of([*run, "--contexts", "1,two"])
-    assert "context 32000 (1000x, units of 32001 tokens): no window" in error_of([*run, "--contexts", "1,1000"])
+    assert "--contexts 1000 is 32,000 tokens, and the longest held-out document has" in error_of([*run, "--contexts", "1,1000"])
     assert "nothing to evaluate: none at 64 tokens: a learned position table" in error_of(
         [str(learned_run), "--out", str(tmp_path), "--methods", "none", "--contexts", "2,4"])
     assert not list(tmp_path.iterdir())  # nothing written by a failed sweep

@@ -341,7 +341,7 @@ def test_bad_input_is_a_one_line_error(rope_run, dataset, tmp_path):
     assert ("unknown --methods rope2; allowed: none, crop, window, sinks, pi, ntk, dynamic-ntk, yarn, ntk-by-parts, llama3, logn, ntk+logn"
             in error_of([str(rope_run), "--methods", "pi,rope2"]))
     assert "--factor must be >= 1, got 0.5" in error_of([str(rope_run), "--factor", "0.5"])
-    assert "length 32000, windows protocol (units of 32001 tokens): no window" in error_of([str(rope_run), "--lengths", "1,1000"])
+    assert "--lengths 1000 is 32,000 tokens, and the longest held-out document has" in error_of([str(rope_run), "--lengths", "1,1000"])
     assert "unknown --protocols strided; allowed: windows, sliding" in error_of([str(rope_run), "--protocols", "strided"])
     assert "--stride must be >= 1, got 0" in error_of([str(rope_run), "--stride", "0"])
     assert "--stride 64 is longer than the evaluation length 32" in error_of([str(rope_run), "--lengths", "1", "--stride", "64"])

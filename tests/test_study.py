@@ -4,6 +4,7 @@ import math
 import os
 import shlex
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -300,21 +301,39 @@ def test_a_study_trains_evaluates_aggregates_and_resumes(dataset, tmp_path, caps
     assert out.count("study: evaluate") == 2 and "study: train" not in out
 
 
-def test_bad_eval_or_probe_options_fail_at_the_first_run_which_is_kept(dataset, tmp_path, capfd):
-    # the study imports no other command to check their options: each command checks its own, on the first run
+def test_a_study_reuses_only_runs_trained_as_it_would_train_them(dataset, tmp_path, capsys):
+    cfg = tiny_config(dataset, tmp_path)
+    argv = [str(cfg), "--seeds", "1", "--out", str(tmp_path / "s"), "--no-wandb",
+            "--eval_args", "--lengths 1 --methods none,crop --tokens 128 --no-wandb"]
+    study.main(argv)
+    run = tmp_path / "s" / "tiny_rope_seed0"
+    before = (run / "ckpt.pt").read_bytes()
+    # other --train_args, or a config changed since: one line before anything trains, naming what differs
+    for more, differs in ((["--train_args", "--learning_rate=0.001"], "learning_rate=0.002 (now 0.001)"),
+                          (["--train_args", "--n_embd=64"], "n_embd=32 (now 64)")):
+        message = error_of([*argv, *more])
+        assert differs in message and str(run) in message and "another --out" in message
+    capsys.readouterr()
+    assert (run / "ckpt.pt").read_bytes() == before
+    # a run replaced in its folder (train.py --overwrite=True) is evaluated again: its old report is not its own
+    subprocess.run([sys.executable, str(ROOT / "train.py"), str(cfg), f"--out_dir={run}", "--seed=0", "--overwrite=True",
+                    "--wandb_group=s", "--wandb_run_name=tiny_rope_seed0"], check=True, capture_output=True)
+    study.main(argv)
+    assert "study: evaluate tiny_rope_seed0" in capsys.readouterr().out
+
+
+def test_bad_eval_or_probe_options_fail_before_the_first_training(dataset, tmp_path, capfd):
+    # the study imports no other command to check their options: it runs each command's --check before training
     argv = [str(tiny_config(dataset, tmp_path)), "--seeds", "2", "--out", str(tmp_path / "s"), "--no-wandb"]
     message = error_of([*argv, "--eval_args", "--methods none,foo"])
     out, err = capfd.readouterr()
-    assert "evaluate tiny_rope_seed0 failed" in message and "run the study again to resume" in message
-    assert "extrapolate.py: error: unknown --methods foo" in err and "study: train tiny_rope_seed0" in out
-    run = tmp_path / "s" / "tiny_rope_seed0"
-    assert (run / "ckpt.pt").is_file() and not (run / "extrapolation.json").exists()
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["tiny_rope_seed0"]  # stopped at the first run
+    assert "check the evaluation options failed" in message and "extrapolate.py: error: unknown --methods foo" in err
+    assert "study: train" not in out and not (tmp_path / "s" / "tiny_rope_seed0").exists()
     message = error_of([*argv, "--eval_args", "--lengths 1 --methods none,crop --tokens 128 --no-wandb",
                         "--probe_args", "--probes copy,bar"])
     out, err = capfd.readouterr()
-    assert "probe tiny_rope_seed0 failed" in message and "probes.py: error: unknown --probes bar" in err
-    assert "study: train" not in out and (run / "extrapolation.json").is_file()  # resumed: trained once, evaluated
+    assert "check the probe options failed" in message and "probes.py: error: unknown --probes bar" in err
+    assert "study: train" not in out and not (tmp_path / "s" / "tiny_rope_seed0").exists()
 
 
 def error_of(argv):
