@@ -174,6 +174,8 @@ def unavailable(config, method, length):
         return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
     if config.block_size < (shortest := METHODS_TABLE[split_method(method)[0]].shortest):  # a run trained too short
         return f"its window needs a run trained at block_size >= {shortest}, this one's is {config.block_size}"
+    if split_method(method)[1].get("window", 0) >= config.block_size - 1:  # leaky ReRoPE would divide by zero there
+        return f"its window must be below the trained context minus one, {config.block_size - 1}"
     at = At(None, config.train_len, config.block_size, length, {})
     if config.pos_emb == "learned" and length > config.block_size and "crop" not in METHODS_TABLE[split_method(method)[0]].positions(at):
         return (f"a learned position table has {config.block_size} entries and cannot encode position {length - 1} "

@@ -143,3 +143,8 @@ def test_method_settings_reach_the_forward_and_bad_ones_are_one_line_errors():
     for bad in ("yarn:window=4", "rerope:window=0", "rerope:window=x", "nope", "pi:factor=2"):
         with pytest.raises(UserError):
             parse_methods(bad)
+
+
+def test_a_neighbour_window_as_long_as_the_trained_context_is_not_available():
+    assert "below the trained context" in unavailable(tiny().config, "leaky-rerope:window=15", 64)  # block_size 16
+    assert unavailable(tiny().config, "leaky-rerope:window=14", 64) is None
