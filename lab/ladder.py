@@ -129,8 +129,9 @@ def markdown(facts, tried, chosen, rows, seeds, n_boot, command):
     lines += ["\n## On the test documents\n", f"Mean [{LEVEL:.0%} bootstrap interval over {seeds} seeds x documents] past L "
               f"(nats; < 0: better than crop). The ceiling row: the fine-tune read with its full context minus itself cropped to "
               f"L (< 0: context past L pays, within one model). Decisions: the family of {len(rows)} contrasts under Holm, on the "
-              f"bootstrap and the seed-level t-test together ({n_boot} replicates); with 2 seeds the t-test has 1 degree of "
-              f"freedom, so this is a screen: read the intervals.\n",
+              f"bootstrap and the seed-level t-test together ({n_boot} replicates); "
+              + (f"with {seeds} seeds the t-test has {seeds - 1} degrees of freedom" if seeds > 1 else "one seed has no t-test")
+              + (", so this is a screen: read the intervals.\n" if seeds < 5 else ".\n"),
               "| rung | row | 2x | 4x | decided (2x / 4x) |", "| --- | --- | ---: | ---: | --- |"]
     for rung in dict.fromkeys(r["config"] for r in rows):
         for name in dict.fromkeys(r["method"] for r in rows if r["config"] == rung):
