@@ -100,14 +100,14 @@ def contrasts(rungs, seeds, chosen):
     for rung in rungs:
         methods = list(dict.fromkeys([*DEFAULTS, *chosen[rung.name].values()]))
         base = [evaluate(rung / f"code_small_seed{k}", "test", ["none", "crop", *methods]) for k in range(seeds)]
-        top = [evaluate(rung / f"code_yarn4x_seed{k}", "test", ["none", "crop-L"]) for k in range(seeds)]
-        for T in sorted({T for _, T in past_l(base[0])}):
+        top = [past_l(evaluate(rung / f"code_yarn4x_seed{k}", "test", ["none", "crop-L"])) for k in range(seeds)]
+        past = [past_l(r) for r in base]
+        for T in sorted({T for _, T in past[0]}):
             docs = shared_docs(base, f"windows {T}", f"{rung.name} at {T}")
-            gain = paired([past_l(r) for r in top], [past_l(r) for r in top], ("none", T), ("crop-L", T), "loss_beyond_train")
+            gain = paired(top, top, ("none", T), ("crop-L", T), "loss_beyond_train")
             family.append(declare("ceiling", rung.name, "ceiling: full context - crop-L", "crop-L", T, gain, docs, MARGIN))
             for m in ["none", *methods]:
-                values = paired([past_l(r) for r in base], [past_l(r) for r in base], (m, T), None, "diff_crop")
-                family.append(declare("crop", rung.name, m, "crop", T, values, docs, MARGIN))
+                family.append(declare("crop", rung.name, m, "crop", T, paired(past, past, (m, T), None, "diff_crop"), docs, MARGIN))
     return decide([c for c in family if c])
 
 
