@@ -66,8 +66,8 @@ def evaluate(run_dir, docs, methods):
     out = run_dir / f"ladder_{docs}"
     options = ["--lengths", ",".join(map(str, LENGTHS)), "--protocols", "windows", "--docs", docs, "--crop_stride", "1",
                "--methods", ",".join(methods), "--no-wandb", "--out", str(out)]
-    if (out / "extrapolation.json").is_file() and same_options(load_report(out)["options"], options):
-        return load_report(out)
+    if (out / "extrapolation.json").is_file() and same_options((done := load_report(out))["options"], options):
+        return done
     print(f"ladder: evaluate {run_dir} on {docs}", flush=True)
     if subprocess.run([sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *options]).returncode:
         raise UserError(f"evaluating {run_dir} failed (its error is above)")
