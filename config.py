@@ -20,6 +20,7 @@ DEFAULTS = dict(
     init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
     overwrite=False,  # True: a new run replaces the one in out_dir (else that is an error)
     eval_interval=250, eval_iters=20, log_interval=25,  # iterations between evaluations (and checkpoints); batches per one
+    keep_iters=(),  # iterations whose checkpoint is also kept, in out_dir/iter_<n>/ (a run of its own: evaluate, resume)
     wandb_log=True, wandb_project="ropelab", wandb_run_name="", wandb_group="",  # names: out_dir's; offline if no login
     dataset="shakespeare",  # data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder
     batch_size=16, gradient_accumulation_steps=1,  # both per process
@@ -46,6 +47,10 @@ def set_key(config, key, value, source):
         raise UserError(f"unknown config key {key!r} (from {source}); the keys are "
                          "DEFAULTS in config.py and GPTConfig's fields in model.py")
     default = DEFAULTS[key]
+    if key == "keep_iters" and isinstance(value, (list, tuple)):
+        if not all(type(n) is int and n >= 0 for n in value):
+            raise UserError(f"keep_iters={value!r} (from {source}) should be iterations: integers >= 0, as (0, 100, 400)")
+        value = tuple(sorted(set(value)))
     if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)):
         raise UserError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
     if type(default) in (int, float) and not math.isfinite(value):  # inf passes `>= 0`, then trains to NaN
@@ -89,6 +94,8 @@ def load_config(argv):
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     config["lr_decay_iters"] = config["lr_decay_iters"] or config["max_iters"]  # a short run still decays to min_lr
+    if late := [n for n in config["keep_iters"] if n > config["max_iters"]]:
+        raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up to max_iters")
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
         raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the schedule "

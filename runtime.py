@@ -23,7 +23,7 @@ CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
 RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
 # how a run runs, not what it learns: the keys a resume or a study's reuse may change
 HOW_KEYS = ("out_dir", "init_from", "overwrite", "device", "dtype", "compile", "log_interval", "eval_interval",
-            "eval_iters", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
+            "eval_iters", "keep_iters", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
 LONGER_KEYS = ("max_iters", "lr_decay_iters")  # how long it trains: a resume may train on further
 
 
@@ -181,7 +181,13 @@ def start_checkpoint(config, meta, device):
 
 
 RUN_FILES = ("ckpt.pt", "log.jsonl", "log.jsonl.rejected", RUN_FILE)  # a run's own files, which --overwrite=True replaces
+KEPT = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, which --overwrite=True replaces too
 REPLACED = ".replaced"  # where they wait until the new run's first checkpoint (then removed) or its failure (then back)
+
+
+def run_entries(folder):
+    """The names of a run's own files and kept checkpoints in folder."""
+    return [n for n in RUN_FILES if (folder / n).exists()] + sorted(p.name for p in folder.glob(KEPT + "*") if p.is_dir())
 
 
 def settle_replaced(out_dir):
@@ -193,10 +199,10 @@ def settle_replaced(out_dir):
     if (out_dir / "ckpt.pt").exists():
         shutil.rmtree(aside)
         return
-    for name in RUN_FILES:
-        (out_dir / name).unlink(missing_ok=True)
-        if (aside / name).exists():
-            os.replace(aside / name, out_dir / name)
+    for name in run_entries(out_dir):
+        shutil.rmtree(out_dir / name) if (out_dir / name).is_dir() else (out_dir / name).unlink()
+    for name in run_entries(aside):
+        os.replace(aside / name, out_dir / name)
     aside.rmdir()
 
 
@@ -220,9 +226,8 @@ def run_folder(config):
                 raise UserError(f"{out_dir} already holds a run ({', '.join(held)}): " + ("continue it with "
                                 "--init_from=resume, or " if "ckpt.pt" in held else "") + "replace it with --overwrite=True")
             (out_dir / REPLACED).mkdir()
-            for name in RUN_FILES:  # a new run starts its log anew
-                if (out_dir / name).exists():
-                    os.replace(out_dir / name, out_dir / REPLACED / name)
+            for name in run_entries(out_dir):  # a new run starts its log anew
+                os.replace(out_dir / name, out_dir / REPLACED / name)
         yield out_dir
     finally:
         try:
@@ -249,6 +254,16 @@ def save_checkpoint(run, iter_num, best_val_loss):
         raise OSError(f"cannot write {path} at iter {iter_num} ({e.strerror or e}): the checkpoint there is kept as "
                       f"it was; free some space and resume with --init_from=resume") from None
     settle_replaced(run["out_dir"])
+
+
+def keep_checkpoint(out_dir, iter_num):
+    """out_dir's checkpoint and log at iter_num copied into out_dir/iter_<n>/, a run folder of its own: evaluated as any
+    run, resumed with --out_dir there (its wandb run id is not copied: a resume there logs a run of its own)."""
+    folder = out_dir / f"{KEPT}{iter_num}"
+    folder.mkdir(exist_ok=True)
+    for name in ("ckpt.pt", "log.jsonl"):
+        with open(out_dir / name, "rb") as src:
+            write_atomic(folder / name, lambda f: shutil.copyfileobj(src, f))
 
 
 class WholeWrites(io.RawIOBase):

@@ -20,8 +20,8 @@ from config import load_config, model_config
 from data.dataset import get_rows
 from data.synthetic import mix_retrieval, random_vocab, retrieval_check
 from model import GPT
-from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
-                     training_data, trim_log)
+from runtime import (autocast, keep_checkpoint, model_from_checkpoint, peak_flops, run_folder, save_checkpoint,
+                     start_checkpoint, throughput, training_data, trim_log)
 from wandb_runs import open_run
 
 # ----------------------------------------------------------------------------- training
@@ -79,9 +79,12 @@ def evaluate_and_save(run, iter_num, lr, best_val_loss, saved):
     if run["wandb"]:
         run["wandb"].log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in run["splits"] else f"val/{k}": v
                                                          for k, v in losses.items()}})
-    if iter_num == 0:
+    kept = iter_num in run["config"]["keep_iters"]
+    if iter_num == 0 and not kept:
         return best_val_loss, saved
     save_checkpoint(run, iter_num, best_val_loss)
+    if kept:
+        keep_checkpoint(run["out_dir"], iter_num)
     return best_val_loss, iter_num
 
 
@@ -152,7 +155,7 @@ def train(config):
                 lr = lr_at(iter_num, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                if iter_num % config["eval_interval"] == 0 or iter_num == config["max_iters"]:
+                if iter_num % config["eval_interval"] == 0 or iter_num in (config["max_iters"], *config["keep_iters"]):
                     if master:
                         best_val_loss, saved = evaluate_and_save(run, iter_num, lr, best_val_loss, saved)
                     t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput

@@ -57,6 +57,8 @@ def test_the_learning_rate_decays_to_min_lr_by_max_iters_unless_lr_decay_iters_i
     ("", ["--batchsize=4"], "unknown config key 'batchsize'"),
     ("", ["--n_layer=2.5"], "n_layer=2.5 (from --n_layer=2.5) should be a int"),
     ("", ["--compile=1"], "compile=1 (from --compile=1) should be a bool"),
+    ("", ["--keep_iters=(10, -1)"], "keep_iters=(10, -1) (from --keep_iters=(10, -1)) should be iterations"),
+    ("", ["--keep_iters=(10, 3000)"], "keep_iters [3000] come after max_iters=1500"),
     ("pos_emb = 'xpos'\n", [], "unknown pos_emb 'xpos'; allowed: learned, sinusoidal, rope, alibi, none"),
     ("", ["--rope_scaling=yarn"], "rope_scaling must be a dict"),
     ("n_layer = = 2\n", [], "c.py failed: SyntaxError"),
@@ -101,6 +103,22 @@ def test_resume_continues_exactly_where_it_stopped(dataset, tmp_path, capsys):
     a, b = weights(straight), weights(split)
     assert b["iter_num"] == 20
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_kept_checkpoints_are_runs_of_their_own(dataset, tmp_path, capsys):
+    run = tmp_path / "run"
+    train.main(args(dataset, run, max_iters=20, keep_iters="(0, 5, 20)"))
+    assert sorted(p.name for p in run.glob("iter_*")) == ["iter_0", "iter_20", "iter_5"]
+    at5 = weights(run / "iter_5")
+    assert at5["iter_num"] == 5 and [e for e in (run / "iter_5/log.jsonl").read_text().splitlines()][-1].startswith('{"iter": 5')
+    assert weights(run / "iter_0")["iter_num"] == 0 and not (run / "iter_0" / "wandb.json").exists()
+    end = weights(run)
+    assert all(torch.equal(end["model"][k], weights(run / "iter_20")["model"][k]) for k in end["model"])
+    train.main(args(dataset, run / "iter_5", max_iters=20, keep_iters="(0, 5, 20)", init_from="resume"))  # resumed there
+    again = weights(run / "iter_5")
+    assert again["iter_num"] == 20 and all(torch.equal(end["model"][k], again["model"][k]) for k in end["model"])
+    train.main(args(dataset, run, max_iters=3, overwrite=True))  # a replaced run's kept checkpoints go with it
+    assert not list(run.glob("iter_*"))
 
 
 def test_resume_rejects_a_mismatched_or_corrupted_checkpoint(dataset, tmp_path):

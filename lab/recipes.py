@@ -1,0 +1,274 @@
+"""Fine-tuning recipes: which scaling to fine-tune with, how fast each reaches the ceiling, and how far past its
+fine-tuned length it holds. A folder of <recipe>_seed<k> fine-tunes (lab/configs/code_recipe.py: one L model fine-tuned
+at 4L with each recipe's scaling, the same tokens, learning rate and schedule; the seeds are the fine-tunes' data
+orders), each with its kept checkpoints iter_<n>/, read on the test documents:
+
+- along the fine-tune, every kept checkpoint at 2x and 4x: the loss past L with its full context and cropped to L
+  (crop-L); the context gain is the difference, within one model; the steps each recipe takes to recover half and 90%
+  of the best recipe's final gain at 4x;
+- past the fine-tuned length, the last checkpoint at 8x and 16x, the targets past 4L: as fine-tuned, with dynamic
+  YaRN (YaRN at the length's factor, in place of the recipe's scaling), with the recipe's own scaling at the length's
+  factor, each minus crop (the fine-tune's own 4L tokens);
+- a declared family (Holm): each recipe against plain RoPE and YaRN against PI, as fine-tuned, at every length.
+
+Writes recipes.{json,md,png} into --out; each checkpoint's scores are kept beside it (recipes_test.json) and reused.
+
+    python lab/recipes.py out/recipes --seeds 5 --out out/recipes/page
+"""
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
+from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli, write_atomic
+from data.dataset import held_out, load_split
+from eval.extrapolate import choose_units, score_units
+from eval.methods import forward_args
+from eval.report import png, pyplot, write_all
+from lab.family import decide, declare
+from lab.stats import LEVEL, interval
+from runtime import KEPT, load_run
+
+RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method that scales the same way past it)
+    "plain": (None, None),
+    "pi": ({"rope_type": "linear", "factor": 4.0}, "pi"),
+    "ntk": ({"rope_type": "ntk", "factor": 4.0}, "ntk"),
+    "yarn": ({"rope_type": "yarn", "factor": 4.0}, "yarn"),
+    # the YaRN ramp the ladder chose on dev at L = 32 (docs/results/L32_ladder.md)
+    "yarn-tuned": ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 2.0, "beta_slow": 0.25}, "yarn:beta_fast=2:beta_slow=0.25"),
+}
+INSIDE, PAST = (2, 4), (8, 16)  # multiples of L: inside the fine-tuned 4L, and past it
+TOKENS, DOCS, MARGIN = 16384, "test", 0.01
+FRACTIONS = (0.5, 0.9)
+
+
+def train_command(folder, recipe, seed, base):
+    """The command that trains one recipe's fine-tune (docs/experiments.md runs them one at a time)."""
+    scaling = RECIPES[recipe][0]
+    return shlex.join(["python", "train.py", "lab/configs/code_recipe.py", f"--out_dir={folder}/{recipe}_seed{seed}",
+                       f"--init_from={base}", f"--seed={seed}", "--wandb_log=False",
+                       *([f"--rope_scaling={scaling}"] if scaling else [])])
+
+
+def cells(recipe, last):
+    """(method, multiple of L) scored on a checkpoint: crop-L beside the full context inside 4L; on the last, past it."""
+    inside = [(m, x) for x in INSIDE for m in ("none", "crop-L")]
+    own = RECIPES[recipe][1]
+    return inside + ([(m, x) for x in PAST for m in dict.fromkeys(("none", "crop", "yarn", *([own] if own else [])))]
+                     if last else [])
+
+
+def score(run_dir, wanted):
+    """{"method@x": {"past_L": per-unit mean NLL past L, "past_run": past the run's own length or None, "docs": each
+    unit's document}} for the wanted cells, kept in run_dir/recipes_test.json and reused (crop exact: stride 1)."""
+    path = run_dir / f"recipes_{DOCS}.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    todo = [(m, x) for m, x in wanted if f"{m}@{x}" not in done]
+    if todo:
+        model, _, data = load_run(run_dir)
+        tokens, docs = load_split(data, "val")
+        docs = held_out(docs, DOCS)
+        L, run_len = model.config.train_len, model.config.block_size
+        for method, x in todo:
+            T = x * L
+            n, starts = choose_units(docs, "windows", T, TOKENS, 2, 0)
+            nll = score_units(model, tokens, starts, n, "windows", T, None, forward_args(method, T, L, run_len), 1)
+            done[f"{method}@{x}"] = dict(past_L=nll[:, L:].mean(1).round(6).tolist(),
+                                         past_run=nll[:, run_len:].mean(1).round(6).tolist() if T > run_len else None,
+                                         docs=(np.searchsorted(docs[:, 0], starts, side="right") - 1).tolist())
+        write_atomic(path, lambda f: f.write(json_text(done).encode()))
+    return done
+
+
+def checkpoints(run):
+    """{iteration: folder} of a run's kept checkpoints."""
+    return {int(p.name[len(KEPT):]): p for p in run.glob(KEPT + "*") if (p / "ckpt.pt").is_file()}
+
+
+def collect(folder, seeds):
+    """{recipe: {step: {"method@x": {metric: [seeds, units]}}}} and each cell's unit documents; every run must be there
+    (checked before anything is scored) with the same kept steps."""
+    runs = {(r, k): folder / f"{r}_seed{k}" for r in RECIPES for k in range(seeds)}
+    kept = {key: checkpoints(run) for key, run in runs.items()}
+    for (recipe, k), run in runs.items():
+        if not (run / "ckpt.pt").is_file() or not kept[recipe, k]:
+            raise UserError(f"{run} has no fine-tune with kept checkpoints: train it first: "
+                            f"{train_command(folder, recipe, k, '<the L model>')}")
+    steps = sorted(kept["plain", 0])
+    for key, v in kept.items():
+        if sorted(v) != steps:
+            raise UserError(f"{runs[key]} kept checkpoints at {sorted(v)}, {runs['plain', 0]} at {steps}: train every "
+                            "recipe with the same keep_iters")
+    table, groups = {}, {}
+    for (recipe, k), run in runs.items():
+        print(f"recipes: {run}", flush=True)
+        for step in steps:
+            for key, v in score(kept[recipe, k][step], cells(recipe, step == steps[-1])).items():
+                cell = table.setdefault(recipe, {}).setdefault(step, {}).setdefault(key, {})
+                for metric in ("past_L", "past_run"):
+                    cell.setdefault(metric, []).append(v[metric])
+                groups[key] = v["docs"]
+    return table, groups, steps
+
+
+def arr(table, recipe, step, key, metric="past_L"):
+    return np.array(table[recipe][step][key][metric], dtype=np.float64)  # [seeds, units]
+
+
+def gain(table, recipe, step, x):
+    """[seeds, units]: the context gain past L at x, within each checkpoint (full context minus crop-L)."""
+    return arr(table, recipe, step, f"none@{x}") - arr(table, recipe, step, f"crop-L@{x}")
+
+
+def steps_to(table, steps, recipe, target, x=4):
+    """Per seed: the fine-tune steps at which the gain at x first reaches target (a negative gain), linear between kept
+    checkpoints; None where it never does."""
+    per_step = np.array([gain(table, recipe, s, x).mean(1) for s in steps])  # [steps, seeds]
+    out = []
+    for g in per_step.T:
+        hit = np.flatnonzero(g <= target)
+        if not len(hit):
+            out.append(None)
+        elif hit[0] == 0:
+            out.append(float(steps[0]))
+        else:
+            i = hit[0]
+            out.append(float(steps[i - 1] + (steps[i] - steps[i - 1]) * (g[i - 1] - target) / (g[i - 1] - g[i])))
+    return out
+
+
+def family(table, groups, last):
+    """The declared contrasts: each recipe minus plain and YaRN minus PI as fine-tuned (past L at 2x and 4x, past 4L at
+    8x and 16x); past 4L, each way of reading a recipe minus crop."""
+    def metric(x):
+        return "past_L" if x in INSIDE else "past_run"
+    out = []
+    for x in (*INSIDE, *PAST):
+        key = f"none@{x}"
+        for recipe, ref in [(r, "plain") for r in RECIPES if r != "plain"] + [("yarn", "pi")]:
+            d = arr(table, recipe, last, key, metric(x)) - arr(table, ref, last, key, metric(x))
+            out.append(declare("recipe", recipe, "as fine-tuned", ref, x, list(d), groups[key], MARGIN))
+    for x in PAST:
+        for recipe in RECIPES:
+            for m in (k.split("@")[0] for k in table[recipe][last] if k.endswith(f"@{x}") and not k.startswith("crop")):
+                d = arr(table, recipe, last, f"{m}@{x}", "past_run") - arr(table, recipe, last, f"crop@{x}", "past_run")
+                out.append(declare("crop", recipe, m, "crop", x, list(d), groups[f"crop@{x}"], MARGIN))
+    return decide([c for c in out if c])
+
+
+def cell(c):
+    return f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
+
+
+def said(row):
+    return row["decision"] if row["decision"] != "undecided" else row["equivalence"]
+
+
+def summaries(table, groups, steps, n_boot):
+    """The curves along the fine-tune (mean and interval per recipe, step, length) and the steps to each fraction."""
+    curves = {r: {s: {x: dict(gain=interval(gain(table, r, s, x), groups[f"none@{x}"], n_boot),
+                              loss=interval(arr(table, r, s, f"none@{x}"), groups[f"none@{x}"], n_boot))
+                      for x in INSIDE} for s in steps} for r in RECIPES}
+    best = min(RECIPES, key=lambda r: curves[r][steps[-1]][4]["gain"]["mean"])
+    target = curves[best][steps[-1]][4]["gain"]["mean"]
+    # no recipe gains from context past L: there is no fraction of a gain to reach
+    reach = {r: {f: steps_to(table, steps, r, f * target) if target < 0 else [None] * len(table[r][steps[0]]["none@4"]["past_L"])
+                 for f in FRACTIONS} for r in RECIPES}
+    return curves, best, target, reach
+
+
+def steps_test(reach, a, b, f):
+    """YaRN against PI in steps to a fraction: the paired t-test over seeds (a recipe that never gets there counts as
+    the last kept step, which favours it: said on the page)."""
+    x, y = (np.array([v if v is not None else np.nan for v in reach[r][f]]) for r in (a, b))
+    last = np.nanmax(np.concatenate([x, y, [0.0]]))
+    x, y = np.nan_to_num(x, nan=last), np.nan_to_num(y, nan=last)
+    p = float(scipy_stats.ttest_rel(x, y).pvalue) if len(x) > 1 and np.any(x != y) else 1.0
+    return dict(mean_difference=float((x - y).mean()), p=p)
+
+
+def markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, command, base):
+    def steps_text(v):
+        return ", ".join("never" if s is None else f"{s:.0f}" for s in v)
+    lines = [f"# Fine-tuning recipes at 4L: {seeds} seeds\n", f"Generated by `{command}`; regenerate it with that command. "
+             f"Every fine-tune starts from one L model ({base}) and trains at 4L with the same tokens, learning rate and "
+             f"schedule (lab/configs/code_recipe.py); a seed is a fine-tune's data order. Test documents (the odd-numbered "
+             f"held-out files); {TOKENS:,} tokens a length; crop exact (stride 1). Intervals: {LEVEL:.0%} bootstrap over "
+             f"seeds x documents ({n_boot} replicates).\n",
+             "## Along the fine-tune\n", f"At 4x (the fine-tuned length): the loss past L with its full context, and the "
+             "context gain within the checkpoint (full context minus itself cropped to L; < 0: context past L pays). Step 0 "
+             "is the L model with the recipe's scaling, before any fine-tuning.\n",
+             "| step | " + " | ".join(f"{r} loss | {r} gain" for r in RECIPES) + " |", "| ---: |" + " ---: | ---: |" * len(RECIPES)]
+    for s in steps:
+        lines.append(f"| {s} | " + " | ".join(f"{curves[r][s][4]['loss']['mean']:.3f} | {cell(curves[r][s][4]['gain'])}"
+                                               for r in RECIPES) + " |")
+    lines += ["\n## Steps to the ceiling\n", f"The best recipe's final gain at 4x: `{best}`, {target:+.3f} nats. Steps at "
+              "which each seed's gain first reaches half and 90% of it (linear between kept checkpoints; never: not within "
+              f"{steps[-1]} steps).\n", "| recipe | half: per seed | 90%: per seed |", "| --- | --- | --- |"]
+    lines += [f"| `{r}` | {steps_text(reach[r][0.5])} | {steps_text(reach[r][0.9])} |" for r in RECIPES]
+    lines += ["", "YaRN against PI, paired over seeds (t-test; a seed that never gets there counts as the last kept step): "
+              + "; ".join(f"{f:.0%}: YaRN minus PI {t['mean_difference']:+.0f} steps, p = {t['p']:.3g}" for f, t in tests.items())
+              + ".\n"]
+    lines += ["## The declared contrasts\n", f"The last checkpoint, as fine-tuned: past L at 2x and 4x, past 4L at 8x and 16x "
+              f"(past the fine-tuned length); and past 4L each way of reading it minus crop (its own 4L tokens): dynamic YaRN "
+              f"(`yarn`, in place of its scaling), its own scaling at the length's factor. Holm over the {len(rows)} "
+              f"contrasts on the bootstrap and the seed-level t-test together; margin +-{MARGIN}.\n",
+              "| recipe | read as | minus | x | mean [interval] (nats) | decided |", "| --- | --- | --- | ---: | ---: | --- |"]
+    lines += [f"| `{r['config']}` | `{r['method']}` | `{r['ref']}` | {r['at']} | {cell(r)} | {said(r)} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves, rows, steps):
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    xs = np.array(steps, dtype=float)
+    for n, r in enumerate(RECIPES):
+        color = plt.cm.tab10(n)
+        for ax, key in zip(axes[:2], ("loss", "gain")):
+            c = [curves[r][s][4][key] for s in steps]
+            ax.plot(xs, [v["mean"] for v in c], marker="o", color=color, label=r)
+            ax.fill_between(xs, [v["lo"] for v in c], [v["hi"] for v in c], color=color, alpha=0.15)
+        past = [row for row in rows if row["kind"] == "crop" and row["config"] == r and row["method"] == "none"]
+        axes[2].errorbar([p["at"] for p in past], [p["mean"] for p in past], marker="o", color=color, capsize=3, label=r,
+                         yerr=[[p["mean"] - p["lo"] for p in past], [p["hi"] - p["mean"] for p in past]])
+    for ax in axes[:2]:
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlabel("fine-tune steps")
+    axes[0].set(title="4x: loss past L, full context", ylabel="nats")
+    axes[1].set(title="4x: context gain (full context - crop-L)", ylabel="nats (< 0: context pays)")
+    axes[1].axhline(0, color="grey")
+    axes[2].axhline(0, color="grey")
+    axes[2].set(title="past 4L, as fine-tuned, minus crop", xlabel="multiple of L", ylabel="nats (< 0: beats crop)",
+                xscale="log", xticks=list(PAST), xticklabels=[f"{x}x" for x in PAST])
+    axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    return png(fig)
+
+
+def main(argv):
+    p = command_parser(__doc__, "out", out="out/recipes/page")
+    p.add_argument("folder", help="a folder of <recipe>_seed<k> fine-tunes (lab/configs/code_recipe.py)")
+    p.add_argument("--seeds", default="5", help="seeds per recipe (default 5)")
+    a = p.parse_args(argv)
+    folder, seeds = Path(a.folder), parse_number(a.seeds, "seeds", int, 1)
+    table, groups, steps = collect(folder, seeds)
+    out = claim_output(a.out, "recipes")
+    rows, n_boot = family(table, groups, steps[-1])
+    curves, best, target, reach = summaries(table, groups, steps, n_boot)
+    tests = {f: steps_test(reach, "yarn", "pi", f) for f in FRACTIONS}
+    base = load_run(folder / f"plain_seed0" / f"{KEPT}{steps[0]}")[1]["origin"]["init_from"]
+    command = shlex.join(["python", "lab/recipes.py", a.folder, f"--seeds={seeds}", f"--out={a.out}"])
+    md = markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, command, base)
+    write_all(out, {"recipes.png": plot(curves, rows, steps), "recipes.md": md, "recipes.json": json_text(dict(
+        steps=steps, best=best, target=target, reach=reach, steps_tests=tests, rows=rows,
+        curves={r: {s: {x: v for x, v in c.items()} for s, c in cs.items()} for r, cs in curves.items()}), indent=1) + "\n"})
+    print(md + f"-> {out}/recipes.{{json,md,png}}")
+
+
+if __name__ == "__main__":
+    run_cli("recipes.py", lambda: main(sys.argv[1:]))
