@@ -143,14 +143,14 @@ def steps_to(table, steps, recipe, target, x=4):
 
 
 def family(table, groups, last):
-    """The declared contrasts: each recipe minus plain and YaRN minus PI as fine-tuned (past L at 2x and 4x, past 4L at
+    """The declared contrasts: each recipe minus plain, YaRN and NTK minus PI as fine-tuned (past L at 2x and 4x, past 4L at
     8x and 16x); past 4L, each way of reading a recipe minus crop."""
     def metric(x):
         return "past_L" if x in INSIDE else "past_run"
     out = []
     for x in (*INSIDE, *PAST):
         key = f"none@{x}"
-        for recipe, ref in [(r, "plain") for r in RECIPES if r != "plain"] + [("yarn", "pi")]:
+        for recipe, ref in [(r, "plain") for r in RECIPES if r != "plain"] + [("yarn", "pi"), ("ntk", "pi")]:
             d = arr(table, recipe, last, key, metric(x)) - arr(table, ref, last, key, metric(x))
             out.append(declare("recipe", recipe, "as fine-tuned", ref, x, list(d), groups[key], MARGIN))
     for x in PAST:
@@ -159,6 +159,37 @@ def family(table, groups, last):
                 d = arr(table, recipe, last, f"{m}@{x}", "past_run") - arr(table, recipe, last, f"crop@{x}", "past_run")
                 out.append(declare("crop", recipe, m, "crop", x, list(d), groups[f"crop@{x}"], MARGIN))
     return decide([c for c in out if c])
+
+
+def row(rows, recipe, ref, x):
+    return next(r for r in rows if (r["config"], r["method"], r["ref"], r["at"]) == (recipe, "as fine-tuned", ref, x))
+
+
+def lower(r):
+    return r["decision"].startswith("lower")
+
+
+# Published shapes of fine-tuned scalings: (shape, source, published, whether the testbed's rows and steps tests show it)
+PUBLISHED = (
+    ("YaRN reaches the target length in fewer steps than PI", "Peng et al. 2023 (YaRN), abstract: 2.5x fewer steps (400 "
+     "against 1,000)", "400 vs 1,000 steps", "YaRN minus PI in steps to half the gain < 0, p < 0.05",
+     lambda rows, tests: tests[0.5]["mean_difference"] < 0 and tests[0.5]["p"] < 0.05),
+    ("Inside the fine-tuned length YaRN matches PI, NTK is worse", "jquesnelle/yarn data/proofpile-long-small-8k.csv, "
+     "Llama-2 7B 4k -> 8k, ppl at 8k: PI 3.344, YaRN 3.356, NTK 3.587", "YaRN - PI +0.004, NTK - PI +0.070 nats",
+     "4x: YaRN - PI equivalent, NTK - PI higher",
+     lambda rows, tests: row(rows, "yarn", "pi", 4)["equivalence"] == f"equivalent within +-{MARGIN:g}"
+     and row(rows, "ntk", "pi", 4)["decision"].startswith("higher")),
+    ("Past the fine-tuned length YaRN degrades far less than PI", "the same file, at 10k (1.25x past): PI 8.071, "
+     "YaRN 6.049, NTK 6.235", "YaRN - PI -0.288 nats", "8x (2x past): YaRN - PI lower",
+     lambda rows, tests: lower(row(rows, "yarn", "pi", 8))),
+    ("NTK fine-tuned climbs inside its range, PI and YaRN keep falling", "jquesnelle/yarn data/proofpile-long-small-"
+     "llama1-32k.csv, LLaMA 7B 2k -> 32k: NTK lowest 3.166 at 17k, 8.494 at 32k; PI 3.568, YaRN 2.769 at 32k",
+     "NTK - PI +0.867 nats at 32k", "NTK - PI higher at 4x, and higher at 4x than at 2x",
+     lambda rows, tests: row(rows, "ntk", "pi", 4)["decision"].startswith("higher")
+     and row(rows, "ntk", "pi", 4)["mean"] > row(rows, "ntk", "pi", 2)["mean"]),
+    ("A YaRN fine-tune beats plain RoPE fine-tuned at the same length", "karpathy/nanochat PR #376: 2048 -> 8192, "
+     "0.7992 against 0.8024 bpb", "-0.4%", "4x: YaRN - plain lower", lambda rows, tests: lower(row(rows, "yarn", "plain", 4))),
+)
 
 
 def cell(c):
@@ -214,7 +245,13 @@ def markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, com
     lines += ["", "YaRN against PI, paired over seeds (t-test; a seed that never gets there counts as the last kept step): "
               + "; ".join(f"{f:.0%}: YaRN minus PI {t['mean_difference']:+.0f} steps, p = {t['p']:.3g}" for f, t in tests.items())
               + ".\n"]
-    lines += ["## The declared contrasts\n", f"The last checkpoint, as fine-tuned: past L at 2x and 4x, past 4L at 8x and 16x "
+    lines += ["## Published shapes\n", "Each a published result on a fine-tuned model; the testbed's rows below decide "
+              "whether its shape holds here. The protocols differ: there perplexity over whole long documents at the "
+              "length, here the loss past L (past 4L at 8x and 16x) on windows of the length.\n",
+              "| published shape | source | published | holds here when | holds |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {shape} | {source} | {number} | {rule} | {'yes' if test(rows, tests) else 'no'} |"
+              for shape, source, number, rule, test in PUBLISHED]
+    lines += ["\n## The declared contrasts\n", f"The last checkpoint, as fine-tuned: past L at 2x and 4x, past 4L at 8x and 16x "
               f"(past the fine-tuned length); and past 4L each way of reading it minus crop (its own 4L tokens): dynamic YaRN "
               f"(`yarn`, in place of its scaling), its own scaling at the length's factor. Holm over the {len(rows)} "
               f"contrasts on the bootstrap and the seed-level t-test together; margin +-{MARGIN}.\n",
