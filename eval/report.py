@@ -150,8 +150,11 @@ def extrapolation_table(report):
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, width)) for row in [head] + body]
     lo, hi = report["crop_context"]
     notes = ["a = b: the same numbers in every cell (the same forward under two names)"] if same else []
+    stride = min(report.get("crop_stride", 1), L)
+    crop_l = (f"; crop-L: each past {L} from its last {L - stride + 1}..{L}" if any(r["method"] == "crop-L" for r in
+              report["results"]) else "")
     return (f"ppl (ppl beyond train length {L}) of {report['run']}; crop: truncation, each target past {hi} "
-            f"from its last {lo}..{hi} tokens:\n" + "\n".join(lines) + "\n" + "\n".join(notes + [
+            f"from its last {lo}..{hi} tokens{crop_l}:\n" + "\n".join(lines) + "\n" + "\n".join(notes + [
                 "each length scores its own units (windows, or sliding stretches), as many as --tokens asks: numbers "
                 "compare down a column, not along a row (crop's too)"]))
 

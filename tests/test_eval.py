@@ -507,9 +507,10 @@ def test_dev_and_test_are_the_even_and_odd_held_out_documents():
         held_out(docs[:1], "test")
 
 
-def test_crop_l_is_crop_before_a_fine_tune_and_leaky_rerope_reports_its_k(rope_run, tmp_path):
+def test_crop_l_is_crop_before_a_fine_tune_and_leaky_rerope_reports_its_k(rope_run, tmp_path, capsys):
     rep = run(rope_run, tmp_path, "--docs", "dev", "--lengths", "2", "--methods", "none,crop,crop-L,leaky-rerope",
-              "--protocols", "windows")
+              "--protocols", "windows", "--crop_stride", "8")
+    assert f"crop-L: each past {L} from its last {L - 7}..{L}" in capsys.readouterr().out  # the header says crop-L's context
     by = {r["method"]: r for r in rep["results"]}
     assert rep["docs"] == "dev" and by["crop-L"]["per_unit"]["loss"] == by["crop"]["per_unit"]["loss"]  # trained at L: one truncation
     assert by["leaky-rerope"]["positions"]["leak"] == 4  # 64 tokens, L 32, w 16: 16 + 47 / k <= 31 needs k >= 3.13
