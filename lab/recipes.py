@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
@@ -43,7 +44,7 @@ RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method 
     "yarn-tuned": ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 2.0, "beta_slow": 0.25}, "yarn:beta_fast=2:beta_slow=0.25"),
 }
 INSIDE, PAST = (2, 4), (8, 16)  # multiples of L: inside the fine-tuned 4L, and past it
-TOKENS, DOCS, MARGIN = 16384, "test", 0.01
+TOKENS, DOCS, MARGIN = 8192, "test", 0.01  # tokens a length: crop exact at every kept checkpoint is the cost
 FRACTIONS = (0.5, 0.9)
 
 
@@ -65,10 +66,11 @@ def cells(recipe, last):
 
 def score(run_dir, wanted):
     """{"method@x": {"past_L": per-unit mean NLL past L, "past_run": past the run's own length or None, "docs": each
-    unit's document}} for the wanted cells, kept in run_dir/recipes_test.json and reused (crop exact: stride 1)."""
+    unit's document}} for the wanted cells, kept in run_dir/recipes_test.json and reused while TOKENS is the same
+    (crop exact: stride 1)."""
     path = run_dir / f"recipes_{DOCS}.json"
     done = json.loads(path.read_text()) if path.is_file() else {}
-    todo = [(m, x) for m, x in wanted if f"{m}@{x}" not in done]
+    todo = [(m, x) for m, x in wanted if done.get(f"{m}@{x}", {}).get("tokens") != TOKENS]
     if todo:
         model, _, data = load_run(run_dir)
         tokens, docs = load_split(data, "val")
@@ -78,11 +80,17 @@ def score(run_dir, wanted):
             T = x * L
             n, starts = choose_units(docs, "windows", T, TOKENS, 2, 0)
             nll = score_units(model, tokens, starts, n, "windows", T, None, forward_args(method, T, L, run_len), 1)
-            done[f"{method}@{x}"] = dict(past_L=nll[:, L:].mean(1).round(6).tolist(),
+            done[f"{method}@{x}"] = dict(tokens=TOKENS, past_L=nll[:, L:].mean(1).round(6).tolist(),
                                          past_run=nll[:, run_len:].mean(1).round(6).tolist() if T > run_len else None,
                                          docs=(np.searchsorted(docs[:, 0], starts, side="right") - 1).tolist())
         write_atomic(path, lambda f: f.write(json_text(done).encode()))
-    return done
+    return {k: v for k, v in done.items() if k in {f"{m}@{x}" for m, x in wanted}}
+
+
+def same_weights(a, b):
+    """Whether two checkpoints hold the same weights (a fine-tune's step 0 is its L model, whatever its seed)."""
+    wa, wb = (torch.load(p / "ckpt.pt", map_location="cpu", weights_only=True)["model"] for p in (a, b))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def checkpoints(run):
@@ -108,7 +116,10 @@ def collect(folder, seeds):
     for (recipe, k), run in runs.items():
         print(f"recipes: {run}", flush=True)
         for step in steps:
-            for key, v in score(kept[recipe, k][step], cells(recipe, step == steps[-1])).items():
+            where = kept[recipe, k][step]
+            if k and same_weights(where, kept[recipe, 0][step]):  # step 0 of every seed: scored once
+                where = kept[recipe, 0][step]
+            for key, v in score(where, cells(recipe, step == steps[-1])).items():
                 cell = table.setdefault(recipe, {}).setdefault(step, {}).setdefault(key, {})
                 for metric in ("past_L", "past_run"):
                     cell.setdefault(metric, []).append(v[metric])

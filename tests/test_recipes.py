@@ -57,6 +57,7 @@ def test_the_page_reads_every_recipe_along_its_fine_tune(folder, tmp_path, monke
     scores = json.loads((folder / "pi_seed0" / "iter_4" / "recipes_test.json").read_text())
     assert set(scores) == {"none@2", "crop-L@2", "none@4", "crop-L@4", "none@8", "crop@8", "yarn@8", "pi@8",
                            "none@16", "crop@16", "yarn@16", "pi@16"}
+    assert not (folder / "pi_seed1" / "iter_0" / "recipes_test.json").exists()  # the same weights as seed 0's: scored once
     assert scores["none@4"]["past_run"] is None and len(scores["none@16"]["past_run"]) == len(scores["none@16"]["docs"])
     # inside the run's own length crop is the full context: past 4L at 8x, crop == none would need the same targets
     # to be read with 32 tokens, which they are not; inside 4x (32 tokens = the run's length) crop-L differs from none
