@@ -33,7 +33,7 @@ from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
 from lab.family import decide, declare
 from lab.stats import LEVEL, interval
-from runtime import KEPT, load_run
+from runtime import KEPT, load_checkpoint, load_run
 
 RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method that scales the same way past it)
     "plain": (None, None),
@@ -242,7 +242,7 @@ def markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, com
              f"schedule (lab/configs/code_recipe.py); a seed is a fine-tune's data order. Test documents (the odd-numbered "
              f"held-out files); {TOKENS:,} tokens a length; crop exact (stride 1). Intervals: {LEVEL:.0%} bootstrap over "
              f"seeds x documents ({n_boot} replicates).\n",
-             "## Along the fine-tune\n", f"At 4x (the fine-tuned length): the loss past L with its full context, and the "
+             "## Along the fine-tune\n", "At 4x (the fine-tuned length): the loss past L with its full context, and the "
              "context gain within the checkpoint (full context minus itself cropped to L; < 0: context past L pays). Step 0 "
              "is the L model with the recipe's scaling, before any fine-tuning.\n",
              "| step | " + " | ".join(f"{r} loss | {r} gain" for r in RECIPES) + " |", "| ---: |" + " ---: | ---: |" * len(RECIPES)]
@@ -309,7 +309,7 @@ def main(argv):
     rows, n_boot = family(table, groups, steps[-1])
     curves, best, target, reach = summaries(table, groups, steps, n_boot)
     tests = {f: steps_test(reach, "yarn", "pi", f) for f in FRACTIONS}
-    base = load_run(folder / f"plain_seed0" / f"{KEPT}{steps[0]}")[1]["origin"]["init_from"]
+    base = load_checkpoint(folder / "plain_seed0")["origin"]["init_from"]
     command = shlex.join(["python", "lab/recipes.py", a.folder, f"--seeds={seeds}", f"--out={a.out}"])
     md = markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, command, base)
     write_all(out, {"recipes.png": plot(curves, rows, steps), "recipes.md": md, "recipes.json": json_text(dict(

@@ -19,6 +19,14 @@ def dataset(tmp_path_factory):
     return str(prepare(folder, vocab_size=512, out_dir=tmp_path_factory.mktemp("data") / "tiny"))
 
 
+def held_out_corpus(tmp_path_factory, seed):
+    """A tiny prepared corpus of 16 documents of random words, 4 of them held out (2 dev, 2 test)."""
+    folder, rng = tmp_path_factory.mktemp("texts"), np.random.default_rng(seed)
+    for i in range(16):
+        (folder / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS, 800)))
+    return prepare(folder, vocab_size=300, val_fraction=0.25, out_dir=tmp_path_factory.mktemp("data") / "tiny4")
+
+
 @pytest.fixture
 def plays(tmp_path, monkeypatch):
     """data/shakespeare/prepare.py writing under tmp_path from six small offline "plays" of ~2k characters."""

@@ -4,9 +4,8 @@ import json
 import pytest
 
 import train
-from data.text.prepare import prepare
 from lab import ladder
-from tests.conftest import WORDS
+from tests.conftest import held_out_corpus
 
 
 def test_pair_turns_match_the_regimes_the_methods_were_built_for():
@@ -22,11 +21,7 @@ def test_pair_turns_match_the_regimes_the_methods_were_built_for():
 @pytest.fixture(scope="module")
 def rung(tmp_path_factory):
     """One tiny rung: a model trained at 16 and its YaRN fine-tune at 64, on a corpus of 4 held-out documents."""
-    import numpy as np
-    folder, rng = tmp_path_factory.mktemp("texts"), np.random.default_rng(1)
-    for i in range(16):
-        (folder / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS, 800)))
-    data = prepare(folder, vocab_size=300, val_fraction=0.25, out_dir=tmp_path_factory.mktemp("data") / "tiny4")
+    data = held_out_corpus(tmp_path_factory, 1)
     root = tmp_path_factory.mktemp("ladder") / "tiny"
     shape = dict(dataset=str(data), n_layer=1, n_head=2, n_embd=32, wandb_log=False, device="cpu", eval_iters=1,
                  warmup_iters=2, learning_rate=3e-3)

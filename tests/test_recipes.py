@@ -1,14 +1,12 @@
 """lab/recipes.py: the steps-to-a-fraction arithmetic by hand, and the whole page on tiny fine-tunes."""
 import json
 
-import numpy as np
 import pytest
 
 import train
 from common import UserError
-from data.text.prepare import prepare
 from lab import recipes
-from tests.conftest import WORDS
+from tests.conftest import held_out_corpus
 
 
 def test_steps_to_a_fraction_interpolate_between_kept_checkpoints():
@@ -30,10 +28,7 @@ def test_steps_test_counts_a_recipe_that_never_gets_there_as_the_last_step():
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """Every recipe fine-tuned from one tiny L = 8 model at 32, two seeds, checkpoints kept at 0, 2 and 4."""
-    texts, rng = tmp_path_factory.mktemp("texts"), np.random.default_rng(2)
-    for i in range(16):
-        (texts / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS, 800)))
-    data = prepare(texts, vocab_size=300, val_fraction=0.25, out_dir=tmp_path_factory.mktemp("data") / "tiny")
+    data = held_out_corpus(tmp_path_factory, 2)
     root = tmp_path_factory.mktemp("recipes")
     shape = dict(dataset=str(data), n_layer=1, n_head=2, n_embd=32, wandb_log=False, device="cpu", eval_iters=1,
                  warmup_iters=1, learning_rate=3e-3)
