@@ -236,6 +236,15 @@ def steps_test(reach, a, b, f):
     return dict(mean_difference=float((x - y).mean()), p=p)
 
 
+def steps_mean(values, last):
+    """'mean [lo, hi]' of per-seed steps (None: never, counted as the last kept step), a t interval over seeds."""
+    v = np.array([last if x is None else x for x in values], dtype=np.float64)
+    if len(v) < 2 or v.std() == 0:
+        return f"{v.mean():.0f}"
+    lo, hi = scipy_stats.t.interval(LEVEL, len(v) - 1, loc=v.mean(), scale=scipy_stats.sem(v))
+    return f"{v.mean():.0f} [{lo:.0f}, {hi:.0f}]"
+
+
 def markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, command, base):
     def steps_text(v):
         return ", ".join("never" if s is None else f"{s:.0f}" for s in v)
@@ -254,8 +263,10 @@ def markdown(rows, curves, best, target, reach, tests, steps, seeds, n_boot, com
     lines += ["\n## Steps to the ceiling\n", f"The best recipe at 4x (the lowest loss past L with its full context at the "
               f"last step; not the largest gain, which a recipe that harms its own short context inflates): `{best}`, whose "
               f"gain is {target:+.3f} nats. Steps at which each seed's gain first reaches half and 90% of it (linear between kept checkpoints; never: not within "
-              f"{steps[-1]} steps).\n", "| recipe | half: per seed | 90%: per seed |", "| --- | --- | --- |"]
-    lines += [f"| `{r}` | {steps_text(reach[r][0.5])} | {steps_text(reach[r][0.9])} |" for r in RECIPES]
+              f"{steps[-1]} steps; mean [{LEVEL:.0%} t interval over seeds], never counted as {steps[-1]}).\n",
+              "| recipe | half: per seed | half: mean | 90%: per seed | 90%: mean |", "| --- | --- | ---: | --- | ---: |"]
+    lines += [f"| `{r}` | {steps_text(reach[r][0.5])} | {steps_mean(reach[r][0.5], steps[-1])} | {steps_text(reach[r][0.9])} | "
+              f"{steps_mean(reach[r][0.9], steps[-1])} |" for r in RECIPES]
     lines += ["", "YaRN against PI, paired over seeds (t-test; a seed that never gets there counts as the last kept step): "
               + "; ".join(f"{f:.0%}: YaRN minus PI {t['mean_difference']:+.0f} steps, p = {t['p']:.3g}" for f, t in tests.items())
               + ".\n"]

@@ -19,6 +19,12 @@ def test_steps_to_a_fraction_interpolate_between_kept_checkpoints():
     assert recipes.steps_to(table, steps, "r", -0.65) == [None, pytest.approx(55.0)]  # seed 0 never gets there
 
 
+def test_steps_mean_counts_never_as_the_last_step():
+    # 100, 200 and never (400): mean 233.3, sd 152.8, t(0.975, 2) = 4.303: 233.3 +- 4.303 * 152.8 / sqrt(3) = +-379.5
+    assert recipes.steps_mean([100.0, 200.0, None], 400) == "233 [-146, 613]"
+    assert recipes.steps_mean([50.0, 50.0], 400) == "50"
+
+
 def test_steps_test_counts_a_recipe_that_never_gets_there_as_the_last_step():
     reach = {"yarn": {0.5: [10.0, 20.0, 30.0]}, "pi": {0.5: [None, 40.0, 60.0]}}
     t = recipes.steps_test(reach, "yarn", "pi", 0.5)
