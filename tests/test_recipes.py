@@ -1,6 +1,7 @@
 """lab/recipes.py: the steps-to-a-fraction arithmetic by hand, and the whole page on tiny fine-tunes."""
 import json
 
+import numpy as np
 import pytest
 
 import train
@@ -9,14 +10,12 @@ from lab import recipes
 from tests.conftest import held_out_corpus
 
 
-def test_steps_to_a_fraction_interpolate_between_kept_checkpoints():
-    # one recipe, two seeds, one unit: gain (none - crop-L) at 4x per step; crop-L 0 so the gain is none's loss
-    steps = [0, 10, 100]
-    table = {"r": {s: {"none@4": {"past_L": [[g1], [g2]]}, "crop-L@4": {"past_L": [[0.0], [0.0]]}}
-                   for s, g1, g2 in zip(steps, (0.0, -0.2, -0.4), (-0.5, -0.6, -0.7))}}
+def test_steps_to_a_target_interpolate_between_kept_checkpoints():
+    steps, per_step = [0, 10, 100], np.array([[0.0, -0.5], [-0.2, -0.6], [-0.4, -0.7]])  # [steps, seeds]
     # seed 0 reaches -0.3 halfway between 10 (-0.2) and 100 (-0.4): step 55; seed 1 is there at step 0
-    assert recipes.steps_to(table, steps, "r", -0.3) == [pytest.approx(55.0), 0.0]
-    assert recipes.steps_to(table, steps, "r", -0.65) == [None, pytest.approx(55.0)]  # seed 0 never gets there
+    assert recipes.first_reach(per_step, steps, -0.3) == [pytest.approx(55.0), 0.0]
+    assert recipes.first_reach(per_step, steps, -0.65) == [None, pytest.approx(55.0)]  # seed 0 never gets there
+    assert recipes.first_reach(per_step, steps, np.array([-0.1, -0.7])) == [pytest.approx(5.0), 100.0]  # a target a seed
 
 
 def test_steps_mean_counts_never_as_the_last_step():
@@ -26,8 +25,7 @@ def test_steps_mean_counts_never_as_the_last_step():
 
 
 def test_steps_test_counts_a_recipe_that_never_gets_there_as_the_last_step():
-    reach = {"yarn": {0.5: [10.0, 20.0, 30.0]}, "pi": {0.5: [None, 40.0, 60.0]}}
-    t = recipes.steps_test(reach, "yarn", "pi", 0.5)
+    t = recipes.steps_test({"yarn": [10.0, 20.0, 30.0], "pi": [None, 40.0, 60.0]}, "yarn", "pi")
     assert t["mean_difference"] == pytest.approx(((10 - 60) + (20 - 40) + (30 - 60)) / 3) and 0 < t["p"] < 1
 
 
