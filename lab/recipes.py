@@ -5,11 +5,12 @@ orders), each with its kept checkpoints iter_<n>/, read on the test documents:
 
 - along the fine-tune, every kept checkpoint at 2x and 4x: the loss past L with its full context and cropped to L
   (crop-L); the context gain is the difference, within one model; the steps each recipe takes to recover half and 90%
-  of the best recipe's final gain at 4x (best: the lowest loss past L with its full context);
+  of the best recipe's final gain at 4x (best: the lowest loss past L with its full context), and to reach the loss
+  PI ends at (YaRN's claim);
 - past the fine-tuned length, the last checkpoint at 8x and 16x, the targets past 4L: as fine-tuned, with dynamic
   YaRN (YaRN at the length's factor, in place of the recipe's scaling), with the recipe's own scaling at the length's
   factor, each minus crop (the fine-tune's own 4L tokens);
-- a declared family (Holm): each recipe against plain RoPE and YaRN against PI, as fine-tuned, at every length.
+- a declared family (Holm): each recipe against plain RoPE, YaRN and NTK against PI, as fine-tuned, at every length.
 
 Writes recipes.{json,md,png} into --out; each checkpoint's scores are kept beside it (recipes_test.json) and reused.
 
@@ -118,7 +119,7 @@ def collect(folder, seeds):
         print(f"recipes: {run}", flush=True)
         for step in steps:
             where = kept[recipe, k][step]
-            if k and same_weights(where, kept[recipe, 0][step]):  # step 0 of every seed: scored once
+            if k and step == steps[0] and same_weights(where, kept[recipe, 0][step]):  # step 0 of every seed: scored once
                 where = kept[recipe, 0][step]
             for key, v in score(where, cells(recipe, step == steps[-1])).items():
                 cell = table.setdefault(recipe, {}).setdefault(step, {}).setdefault(key, {})
