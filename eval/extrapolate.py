@@ -11,11 +11,11 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, held_out, in_tokens, load_split
+from data.dataset import held_out, in_tokens, load_split
 from eval.report import BEST_N, CARD, PLOT_BINS, extrapolation_plot, extrapolation_table, json_csv, label, write_all
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
-from eval.score import score_sliding, score_windows, sliding_windows
+from eval.score import choose_units, score_units, sliding_windows
 from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
                     unless_check)
@@ -74,25 +74,6 @@ def parse_args(argv):
                 crop_stride=None if a.crop_stride == "auto" else parse_number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
                 plot=None if a.plot == "auto" else parse_methods(a.plot))
-
-
-def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
-    """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2 windows."""
-    longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
-    n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
-    try:
-        return n, doc_windows(docs, n + 1, max(min_units, math.ceil(tokens / n)), np.random.default_rng(seed))
-    except UserError as e:
-        raise UserError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
-
-
-def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
-    """NLL [units, n] of every target of every unit, in order, under a model.Method."""
-    if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
-        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, method.crop, n)) for s in starts])
-    if protocol == "sliding":
-        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method) for s in starts])
-    return score_windows(model, tokens, starts, n, method=method)
 
 
 def window_positions(n, protocol, eval_len, stride):

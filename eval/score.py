@@ -1,10 +1,13 @@
 """The one shared way to score held-out text token by token (a run loaded by runtime.load_run): every evaluation goes
 through score_rows, so "the loss at position p" means the same thing everywhere."""
+import math
+
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from common import UserError
+from data.dataset import doc_windows
 from positions import AS_TRAINED
 from runtime import autocast
 
@@ -53,3 +56,22 @@ def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
            *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, method=method)
              if len(plan) > 1 else [])]
     return np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)])
+
+
+def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
+    """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2 windows."""
+    longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
+    n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
+    try:
+        return n, doc_windows(docs, n + 1, max(min_units, math.ceil(tokens / n)), np.random.default_rng(seed))
+    except UserError as e:
+        raise UserError(f"length {eval_len}, {protocol} protocol (units of {n + 1} tokens): {e}") from None
+
+
+def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
+    """NLL [units, n] of every target of every unit, in order, under a model.Method."""
+    if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
+        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, method.crop, n)) for s in starts])
+    if protocol == "sliding":
+        return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method) for s in starts])
+    return score_windows(model, tokens, starts, n, method=method)

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli, write_atomic
 from data.dataset import held_out, load_split
-from eval.extrapolate import choose_units, score_units
 from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
+from eval.score import choose_units, score_units
 from lab.family import decide, declare
 from lab.stats import LEVEL, interval
 from runtime import KEPT, load_checkpoint, load_run
