@@ -33,7 +33,7 @@ from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
 from eval.score import choose_units, score_units
 from lab.family import decide, declare
-from lab.stats import LEVEL, interval
+from lab.stats import LEVEL, documents, interval
 from runtime import KEPT, load_checkpoint, load_run
 
 RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method that scales the same way past it)
@@ -84,7 +84,7 @@ def score(run_dir, wanted):
             nll = score_units(model, tokens, starts, n, "windows", T, None, forward_args(method, T, L, run_len), 1)
             done[f"{method}@{x}"] = dict(tokens=TOKENS, past_L=nll[:, L:].mean(1).round(6).tolist(),
                                          past_run=nll[:, run_len:].mean(1).round(6).tolist() if T > run_len else None,
-                                         docs=(np.searchsorted(docs[:, 0], starts, side="right") - 1).tolist())
+                                         docs=documents(starts, docs).tolist())
         write_atomic(path, lambda f: f.write(json_text(done).encode()))
     return {k: v for k, v in done.items() if k in {f"{m}@{x}" for m, x in wanted}}
 
