@@ -241,7 +241,8 @@ def run_folder(config):
 def save_checkpoint(run, iter_num, best_val_loss):
     """The training's state at iter_num into out_dir/ckpt.pt, with what it was trained from (its config after the
     overrides, its data's identity, its origin: what a resume and a study's reuse compare against), atomically: the
-    earlier checkpoint stays if this one fails (a full disk is one line); then the run it replaces is removed."""
+    earlier checkpoint stays if this one fails (a full disk is one line); then the run it replaces is removed. At one
+    of keep_iters it is also kept (keep_checkpoint)."""
     state = {"model": run["model"].state_dict(), "optimizer": run["optimizer"].state_dict(), "iter_num": iter_num,
              "model_args": asdict(run["model"].config), "best_val_loss": best_val_loss, "origin": run["origin"],
              "config": run["config"], "data": data_identity(run["meta"]),
@@ -254,6 +255,8 @@ def save_checkpoint(run, iter_num, best_val_loss):
         raise OSError(f"cannot write {path} at iter {iter_num} ({e.strerror or e}): the checkpoint there is kept as "
                       f"it was; free some space and resume with --init_from=resume") from None
     settle_replaced(run["out_dir"])
+    if iter_num in run["config"]["keep_iters"]:
+        keep_checkpoint(run["out_dir"], iter_num)
 
 
 def keep_checkpoint(out_dir, iter_num):

@@ -20,8 +20,8 @@ from config import load_config, model_config
 from data.dataset import get_rows
 from data.synthetic import mix_retrieval, random_vocab, retrieval_check
 from model import GPT
-from runtime import (autocast, keep_checkpoint, model_from_checkpoint, peak_flops, run_folder, save_checkpoint,
-                     start_checkpoint, throughput, training_data, trim_log)
+from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
+                     training_data, trim_log)
 from wandb_runs import open_run
 
 # ----------------------------------------------------------------------------- training
@@ -79,12 +79,9 @@ def evaluate_and_save(run, iter_num, lr, best_val_loss, saved):
     if run["wandb"]:
         run["wandb"].log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in run["splits"] else f"val/{k}": v
                                                          for k, v in losses.items()}})
-    kept = iter_num in run["config"]["keep_iters"]
-    if iter_num == 0 and not kept:
+    if iter_num == 0 and 0 not in run["config"]["keep_iters"]:  # the starting point: a checkpoint only when kept
         return best_val_loss, saved
     save_checkpoint(run, iter_num, best_val_loss)
-    if kept:
-        keep_checkpoint(run["out_dir"], iter_num)
     return best_val_loss, iter_num
 
 
