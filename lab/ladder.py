@@ -6,7 +6,8 @@ what the ceiling gains from context past L within one model (read with its full 
 reported number and decision is on the test documents. Writes ladder.{json,md,png} and shapes.md (the published
 zero-shot shapes beside the testbed's) into --out.
 
-    python lab/ladder.py out/ladder/base1e4 out/ladder/base200 out/ladder/base40 --seeds 2 --out out/ladder/page
+    python lab/ladder.py out/ladder/base1e4 out/ladder/base200 out/ladder/base40 out/ladder/L32 out/ladder/L32_4M \\
+        --seeds 2 --out out/ladder/page
 """
 import math
 import shlex
@@ -120,8 +121,8 @@ def markdown(facts, tried, chosen, rows, seeds, n_boot, command):
              "slowest 0.075); YaRN's betas at LLaMA-2's share of pairs: the betas that fall at the same fraction of the pairs "
              "as 32 and 1 do on LLaMA-2 at 4k.\n", "| rung | L | base | parameters | head dim | pairs with a period in L | "
              "fastest turns | slowest turns | YaRN at LLaMA-2's share |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {f['rung']} | {f['L']} | {f['base']:g} | {f['params'] / 1e6:.1f}M | {f['head_dim']} | {f['periods']} of {f['pairs']} | {f['fastest']:.1f} | "
-              f"{f['slowest']:.3g} | `{f['share_yarn']}` |" for f in facts]
+    lines += [f"| {f['rung']} | {f['L']} | {f['base']:g} | {f['params'] / 1e6:.1f}M | {f['head_dim']} | {f['periods']} of {f['pairs']} | "
+              f"{f['fastest']:.1f} | {f['slowest']:.3g} | `{f['share_yarn']}` |" for f in facts]
     lines += ["\n## Settings chosen on the dev documents\n", "Loss minus crop past L (nats), mean over seeds, 2x and 4x "
               "averaged, on the dev documents (the even-numbered held-out files); the chosen setting in bold.\n"]
     for rung, scores in tried.items():

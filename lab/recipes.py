@@ -41,7 +41,7 @@ RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method 
     "pi": ({"rope_type": "linear", "factor": 4.0}, "pi"),
     "ntk": ({"rope_type": "ntk", "factor": 4.0}, "ntk"),
     "yarn": ({"rope_type": "yarn", "factor": 4.0}, "yarn"),
-    # the YaRN ramp the ladder chose on dev at L = 32 (docs/results/L32_ladder.md)
+    # the YaRN ramp the ladder chose on dev at L = 32 (docs/results/ladder.md)
     "yarn-tuned": ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 2.0, "beta_slow": 0.25}, "yarn:beta_fast=2:beta_slow=0.25"),
 }
 INSIDE, PAST = (2, 4), (8, 16)  # multiples of L: inside the fine-tuned 4L, and past it
