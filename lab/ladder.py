@@ -210,8 +210,8 @@ def plot(rows, facts):
             ax.errorbar(i, m, yerr=[m - lo, hi - m], marker="o", capsize=3, label=name, **style)
         ax.axhline(0, color="grey", lw=2)
         ax.set_yscale("symlog", linthresh=0.05)  # PI's +0.8 beside the ceiling's -0.01: linear within +-0.05
-        ax.set(xticks=range(len(rungs)), xticklabels=[f"{f['rung']}\n{f['periods']}/{f['pairs']} periods" for f in facts],
-               title=f"{x}x: loss minus crop past L", ylabel="nats (< 0: beats crop; symlog)")
+        ax.set(xticks=range(len(rungs)), xticklabels=[f"{f['rung']}\n{f['periods']}/{f['pairs']}" for f in facts],
+               xlabel="rung (pairs with a period in L)", title=f"{x}x: loss minus crop past L", ylabel="nats (< 0: beats crop; symlog)")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
     fig.tight_layout()
     return png(fig)
