@@ -53,7 +53,7 @@ def turns(L, base, head_dim):
 
 
 def rung_facts(rung, seed):
-    """The rung's L, base and head dimension (from its L model's checkpoint) and what they make of the pairs."""
+    """The rung's L, base, parameters and head dimension (from its L model's checkpoint) and what they make of the pairs."""
     ckpt = torch.load(rung / f"code_small_seed{seed}" / "ckpt.pt", weights_only=True, map_location="cpu")
     config = ckpt["config"]
     L, base, head_dim = config["block_size"], config["rope_base"], config["n_embd"] // config["n_head"]

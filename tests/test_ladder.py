@@ -3,8 +3,10 @@ import json
 import math
 
 import pytest
+import torch
 
 import train
+from model import GPT, GPTConfig
 from lab import ladder
 from tests.conftest import held_out_corpus
 
@@ -38,6 +40,8 @@ def test_the_ladder_chooses_on_dev_and_reports_test(rung, tmp_path):
     ladder.main([str(rung), "--seeds", "1", "--out", str(tmp_path)])
     page, result = (tmp_path / "ladder.md").read_text(), json.loads((tmp_path / "ladder.json").read_text())
     assert result["rungs"][0]["L"] == 16 and result["rungs"][0]["periods"] == 1  # head dim 16: 16 / 2 pi = 2.55 turns, then 0.81
+    args = torch.load(rung / "code_small_seed0" / "ckpt.pt", weights_only=True)["model_args"]
+    assert result["rungs"][0]["params"] == GPT(GPTConfig(**args)).num_params()  # the tied embedding counted once
     chosen = result["chosen"]["tiny"]
     assert set(chosen) == set(ladder.DEFAULTS) and all(c.split(":")[0] == m for m, c in chosen.items())
     for m, c in chosen.items():  # the chosen setting is the lowest on dev
