@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from eval.report import load_report, png, pyplot, write_all
 from lab.stats import LEVEL
 from lab.family import decide, declare, paired, past_l, same_options, shared_docs
-from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli
+from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values
+from wandb_runs import contrast_metrics, log_results
 
 LENGTHS = (2, 4)
 MARGIN = 0.01
@@ -217,12 +218,22 @@ def plot(rows, facts):
     return png(fig)
 
 
+def log_wandb(out, facts, rows, md):
+    """The ladder's own wandb run (its group: the page's folder): every contrast as summary metrics,
+    contrast/<rung>/<row>_minus_<ref>/<n>x/{mean,lo,hi,p,decision}, which a runs table compares across ladders; the
+    page and its figure as media."""
+    import wandb
+    log_results(out, dict(wandb_group=out.name, rungs=[f["rung"] for f in facts]),
+                contrast_metrics({"rows": rows}, {f["rung"]: f["L"] for f in facts}), job_type="ladder",
+                media={"ladder/plot": wandb.Image(str(out / "ladder.png")), "ladder/markdown": wandb.Html(f"<pre>{md}</pre>")})
+
+
 def main(argv):
-    p = command_parser(__doc__, "out", out="out/ladder/page")
+    p = command_parser(__doc__, "out", "wandb", out="out/ladder/page", wandb_log="true")
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     a = p.parse_args(argv)
-    rungs, seeds = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1)
+    rungs, seeds, wandb_log = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), shared_values(a)["wandb_log"]
     for rung in rungs:
         for k in range(seeds):
             for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):
@@ -237,6 +248,8 @@ def main(argv):
     write_all(out, {"ladder.png": plot(rows, facts), "ladder.md": md, "shapes.md": shapes(rows, facts, command),
                     "ladder.json": json_text(dict(rungs=facts, dev=tried, chosen=chosen, rows=rows), indent=1) + "\n"})
     print(md + f"-> {out}/ladder.{{json,md,png}}")
+    if wandb_log:
+        log_wandb(out, facts, rows, md)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def rung(tmp_path_factory):
 
 
 def test_the_ladder_chooses_on_dev_and_reports_test(rung, tmp_path):
-    ladder.main([str(rung), "--seeds", "1", "--out", str(tmp_path)])
+    ladder.main([str(rung), "--seeds", "1", "--out", str(tmp_path), "--no-wandb"])
     page, result = (tmp_path / "ladder.md").read_text(), json.loads((tmp_path / "ladder.json").read_text())
     assert result["rungs"][0]["L"] == 16 and result["rungs"][0]["periods"] == 1  # head dim 16: 16 / 2 pi = 2.55 turns, then 0.81
     args = torch.load(rung / "code_small_seed0" / "ckpt.pt", weights_only=True)["model_args"]

@@ -10,7 +10,7 @@ from wandb.proto.wandb_internal_pb2 import Record
 import train
 import wandb_runs
 from eval import extrapolate
-from lab import probes, study
+from lab import ladder, probes, study
 from test_study import fake_report
 
 L = 32
@@ -132,6 +132,22 @@ def test_the_study_run_holds_the_decided_contrasts_as_summary_metrics(wandb_dir)
     summary = logged["summary"]
     assert summary["contrast/rope_small/yarn_minus_crop/2x/lo"] < summary["contrast/rope_small/yarn_minus_crop/2x/mean"] < 0
     assert summary["contrast/rope_small/yarn_minus_crop/2x/decision"] in ("lower than crop", "no difference found")
+
+
+def test_the_ladder_run_holds_every_rungs_contrasts_as_summary_metrics(wandb_dir):
+    out = wandb_dir / "page"
+    out.mkdir()
+    (out / "ladder.png").write_bytes(study.plot(study.aggregate({"rope_small": [fake_report(4.0, 3.5)]})))
+    row = dict(config="L32", ref="crop", at=64, mean=0.002, lo=-0.001, hi=0.007, p=0.4, decision="undecided",
+               equivalence="equivalent")
+    rows = [dict(row, method="rerope:window=24"), dict(row, method="ceiling: full context - crop-L", mean=-0.037)]
+    ladder.log_wandb(out, [dict(rung="L32", L=32)], rows, "# page")
+    (logged,) = offline_runs(wandb_dir)
+    assert (logged["run"].display_name, logged["run"].run_group, logged["run"].job_type) == ("page", "page", "ladder")
+    summary = logged["summary"]
+    assert summary["contrast/L32/rerope:window=24_minus_crop/2x/hi"] == 0.007
+    assert summary["contrast/L32/rerope:window=24_minus_crop/2x/decision"] == "equivalent"  # undecided: its TOST reading
+    assert summary["contrast/L32/ceiling_full_context_minus_crop-L/2x/mean"] == -0.037
 
 
 def without_login(monkeypatch, tmp_path):
