@@ -191,18 +191,12 @@ def check_scaling(scaling, head_dim=None):
         raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}" + f"; at most {MAX_FACTOR:g}" * (factor != 1))
     if (theta := get("rope_theta")) is not None and not (is_number(theta) and theta > 1):
         raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
-    if (attention := get("attention_factor")) is not None and not (is_number(attention) and attention > 0):
-        raise UserError(f"attention_factor must be a number > 0, got {attention!r}")
-    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"):  # None: transformers' default
-        value, flag = get(key), key == "truncate"  # YaRN's ramp bounds: whole pairs (True) or exact
-        if value is not None and not (isinstance(value, bool) if flag else is_number(value)):
-            raise UserError(f"{key} must be {'True or False' if flag else 'a number'}, got {value!r}")
-    for key in ("beta_fast", "beta_slow"):  # a number of rotations over L: its log is taken
-        if get(key) is not None and not scaling[key] > 0:
-            raise UserError(f"{key} must be a number > 0 (rotations over the original length), got {scaling[key]!r}")
-    for key in ("mscale", "mscale_all_dim"):  # below 0 the attention temperature can turn negative: logits flipped
-        if get(key) is not None and not scaling[key] >= 0:
-            raise UserError(f"{key} must be a number >= 0, got {scaling[key]!r}")
+    for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):  # None: transformers' default
+        value, low = get(key), ">=" if key.startswith("mscale") else ">"  # beta: its log is taken; mscale < 0 flips logits
+        if value is not None and not (is_number(value) and (value > 0 or low == ">=" and value == 0)):
+            raise UserError(f"{key} must be a number {low} 0, got {value!r}")
+    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):  # YaRN's ramp: whole pairs or exact
+        raise UserError(f"truncate must be True or False, got {truncate!r}")
     original = get(ORIGINAL)
     if ORIGINAL in kind.required and original is None:
         raise UserError(f"rope_type {rope_type!r} needs '{ORIGINAL}' (the training length)")
@@ -212,7 +206,7 @@ def check_scaling(scaling, head_dim=None):
     if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: equal
         raise UserError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
-    if rope_type == "longrope" and "factor" not in scaling and attention is None:
+    if rope_type == "longrope" and "factor" not in scaling and get("attention_factor") is None:
         raise UserError(f"longrope needs 'factor' (its attention factor's s: config.json's max_position_embeddings / "
                         f"{ORIGINAL}) or 'attention_factor'")
     partial = get("partial_rotary_factor", 1.0)

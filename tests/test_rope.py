@@ -346,6 +346,7 @@ def test_deepseek_v3_yarn_dict_has_attention_factor_one_and_the_yarn_ramp():
     ({"mscale": 1.0, "mscale_all_dim": 0.707}, 1.3688879454 / 1.2608037774),  # (0.1 ln 40 + 1) / (0.0707 ln 40 + 1)
     ({"mscale": 0.707}, 1.3688879454),  # one alone: transformers ignores it, plain 0.1 ln 40 + 1 (not 1.2608)
     ({"mscale_all_dim": 0.707}, 1.3688879454),
+    ({"mscale": 0, "mscale_all_dim": 0.707}, 1.3688879454),  # 0 is allowed and, as transformers' `if mscale and`, absent
     ({"mscale": 0.707, "mscale_all_dim": 0.707, "attention_factor": 0.9}, 0.9),  # an explicit attention_factor wins
 ])
 def test_yarn_attention_factor_from_the_mscale_keys(extra, expected):
@@ -469,7 +470,9 @@ def test_yarn_truncate_false_keeps_the_exact_ramp_bounds_and_differs():
     ({**PHI3, "short_factor": "1"},
      "longrope's short_factor must be a list of"),
     ({"rope_type": "yarn", "factor": 4.0, "truncate": "no"}, "truncate must be True or False, got 'no'"),
-    ({"rope_type": "yarn", "factor": 4.0, "beta_fast": "32"}, "beta_fast must be a number, got '32'"),
+    ({"rope_type": "yarn", "factor": 4.0, "beta_fast": "32"}, "beta_fast must be a number > 0, got '32'"),
+    ({"rope_type": "yarn", "factor": 4.0, "beta_slow": 0}, "beta_slow must be a number > 0, got 0"),
+    ({"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": -0.1}, "mscale_all_dim must be a number >= 0, got -0.1"),
     ({"rope_type": "default", "partial_rotary_factor": 0}, "partial_rotary_factor must be a number in (0, 1], got 0"),
 ])
 def test_a_key_transformers_would_ignore_or_refuse_is_a_one_line_error(scaling, message):
