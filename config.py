@@ -193,7 +193,7 @@ def check_scaling(scaling, head_dim=None):
         raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
     for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):  # None: transformers' default
         value, low = get(key), ">=" if key.startswith("mscale") else ">"  # beta: its log is taken; mscale < 0 flips logits
-        if value is not None and not (is_number(value) and (value > 0 or low == ">=" and value == 0)):
+        if value is not None and not (is_number(value) and (value >= 0 if low == ">=" else value > 0)):
             raise UserError(f"{key} must be a number {low} 0, got {value!r}")
     if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):  # YaRN's ramp: whole pairs or exact
         raise UserError(f"truncate must be True or False, got {truncate!r}")
