@@ -5,7 +5,10 @@ each config into --out: context_mean.{json,md}.
 
 Units: --units held-out windows of C_max + 1 tokens (C_max the largest context); targets: the last m tokens of each.
 At context c a method scores the unit's last c + 1 tokens from position 0 and keeps the last m NLLs, so a target
-has c - m + 1 to c tokens of context. crop is truncation: it keeps at most the run's own block_size of them.
+has c - m + 1 to c tokens of context. crop is exact truncation: each target predicted from exactly its own last
+block_size tokens (fewer where c is shorter). whole-L is the whole-window reading at L: the unit's last L + 1 tokens in
+one window from position 0, so the targets see L - m + 1 to L tokens (1 to L with --targets L; bojone/rerope's
+"RoPE-4k" row), the same at every context.
 A scaling method's factor stays fixed while the context grows (--factor; default: C_max / L, the factor the
 largest context needs), so a change along the sweep comes from the context, not from a larger factor."""
 import re
@@ -20,16 +23,17 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from data.dataset import doc_windows, in_tokens, load_split
+from data.dataset import doc_windows, held_out, in_tokens, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import score_rows
+from eval.score import score_cropped, score_rows
 from eval.summary import mean_stderr
 from runtime import load_run
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, unique_runs, json_text, parse_number, parse_list,
                     run_cli, run_home, shared_values)
 
+WHOLE = "whole-L"  # the whole-window reading at L: a baseline of this sweep, not a method of the forward
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
 
@@ -39,7 +43,8 @@ def parse_args(argv):
     p.add_argument("more_runs", nargs="*", help="more run folders, on the same targets (needs --out, for their means)")
     for name, default, text in (
             ("contexts", "0.25,0.5,1,2,4,8,16", "context lengths, multiples of the training length"),
-            ("methods", "none,crop,pi,ntk,yarn,llama3", "eval/methods.py's"), ("units", "32", "held-out windows"),
+            ("methods", "none,crop,whole-L,pi,ntk,yarn,llama3", "eval/methods.py's, and whole-L"),
+            ("units", "32", "held-out windows"), ("docs", "all", "held-out documents: all, dev or test"),
             ("targets", "auto", "targets per window: auto (training length // 8) or a number"),
             ("factor", "max", "the methods' factor at every context: max (the largest context's), grow (each "
                               "context's own, so the factor grows with the context) or one number >= 1")):
@@ -48,11 +53,13 @@ def parse_args(argv):
     contexts = parse_list(a.contexts, "contexts", float)
     if not all(0 < x < math.inf for x in contexts):  # also nan
         raise UserError(f"--contexts must be positive multiples of the training length, got {a.contexts}")
+    if a.docs not in ("all", "dev", "test"):
+        raise UserError(f"unknown --docs {a.docs!r}; allowed: all, dev, test")
     if a.more_runs and a.out is None:
         raise UserError("several runs need --out: the folder for their means (each run's sweep goes into its folder)")
     return dict(shared_values(a), more_runs=[Path(r) for r in a.more_runs], contexts=contexts,
                 options=[x for x in argv if x not in (a.run_dir, *a.more_runs)],
-                methods=parse_list(a.methods, "methods", str, FIXED), units=parse_number(a.units, "units", int, 1),
+                methods=parse_list(a.methods, "methods", str, FIXED + (WHOLE,)), docs=a.docs, units=parse_number(a.units, "units", int, 1),
                 targets=None if a.targets == "auto" else parse_number(a.targets, "targets", int, 1),
                 factor=a.factor if a.factor in ("max", "grow") else parse_number(a.factor, "factor", float, 1, MAX_FACTOR))
 
@@ -66,8 +73,13 @@ def factor_at(method, c, C, train_len, factor):
     return method_factor(method, c, train_len, {"max": method_factor(method, C, train_len), "grow": None}.get(factor, factor))
 
 
-def score(model, units, c, m, how):
-    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a model.Method, from position 0."""
+def score(model, units, c, m, how, L):
+    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a model.Method, from position 0;
+    under crop each target from exactly its own last how.crop tokens; whole-L (how None) from the last L + 1 tokens."""
+    if how is None:
+        return score_rows(model, units[:, -(min(c, L) + 1):], last=m)[0].mean(axis=1)
+    if how.crop:
+        return score_cropped(model, units[:, -(c + 1):], m, how.crop)[0].mean(axis=1)
     return score_rows(model, units[:, -(c + 1):], last=m, method=how)[0].mean(axis=1)
 
 
@@ -113,15 +125,16 @@ def context_sweep(args):
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
     L, run_len, pos_emb = model.config.train_len, model.config.block_size, model.config.pos_emb
-    kept = methods.usable(args["methods"], pos_emb)
+    kept = methods.usable([m for m in args["methods"] if m != WHOLE], pos_emb) + [WHOLE] * (WHOLE in args["methods"])
     tokens, docs = load_split(data_dir, "val")
+    docs = held_out(docs, args["docs"])
     m, contexts = args["targets"] or max(1, L // 8), sorted(set(in_tokens(args["contexts"], "contexts", L, docs)))
     if bad := [c for c in contexts if c < m] + ([run_len] if "crop" in kept and run_len < m else []):
         raise UserError(f"context {bad[0]} tokens is shorter than the {m} targets: each context needs c >= m "
                          f"(use larger --contexts or fewer --targets)")
     cells = [(c, meth) for c in contexts for meth in kept]
     grid = [(c, meth, why) for (c, meth), why in
-            zip(cells, methods.reasons(model.config, [(meth, c) for c, meth in cells]))]
+            zip(cells, methods.reasons(model.config, [("crop" if meth == WHOLE else meth, c) for c, meth in cells]))]
     C = contexts[-1]
     try:  # one set of units for every context and method: the comparisons are paired
         starts = doc_windows(docs, C + 1, args["units"], np.random.default_rng(args["seed"]))
@@ -131,12 +144,14 @@ def context_sweep(args):
         print(f"the held-out text holds {len(starts)} units of {C + 1} tokens, fewer than --units {args['units']}")
     units, t0, results = np.stack([tokens[s:s + C + 1] for s in starts]).astype(np.int64), time.time(), []
     for c, method, reason in tqdm(grid, desc="context", unit="eval"):
-        s = factor_at(method, c, C, L, args["factor"])
-        how = forward_args(method, c, L, run_len, s)
-        t1, n = time.time(), min(c, how.crop or c)  # the context a method sees: crop keeps at most run_len
-        per_unit = None if reason else score(model, units, c, m, how)
+        s = None if method == WHOLE else factor_at(method, c, C, L, args["factor"])
+        how = None if method == WHOLE else forward_args(method, c, L, run_len, s)
+        # the context its targets see: c - m + 1 to c tokens, at most run_len under crop, at most L under whole-L
+        t1, cap = time.time(), L if how is None else how.crop or c
+        seen = [min(c - m + 1, cap), min(c, cap)] if how is not None and how.crop else [min(c, cap) - m + 1, min(c, cap)]
+        per_unit = None if reason else score(model, units, c, m, how, L)
         loss, stderr = (None, None) if reason else mean_stderr(per_unit)
-        results.append(dict(method=method, context=c, multiple=c / L, factor=s, context_range=[n - m + 1, n], loss=loss,
+        results.append(dict(method=method, context=c, multiple=c / L, factor=s, context_range=seen, loss=loss,
                             ppl=None if reason else math.exp(loss), stderr=stderr, raw=per_unit,
                             available=reason is None, reason=reason, seconds=round(time.time() - t1, 3)))
     crop = {r["context"]: r["raw"] for r in results if r["method"] == "crop"}

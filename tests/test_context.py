@@ -91,23 +91,43 @@ def test_none_is_a_plain_forward_over_the_last_c_tokens(rope_run, report):
     assert np.abs(np.subtract(by(report, "none")[4 * L]["per_unit"], by(report, "none")[L // 4]["per_unit"])).max() > 1e-4
 
 
-def test_crop_is_truncation_to_the_training_length(rope_run, report):
+def exact_crop_loss(model, units, c, m):
+    """Per unit: each of the last m targets of its last c + 1 tokens from its own last L tokens, one forward each."""
+    rows, losses = units[:, -(c + 1):], []
+    for t in range(c - m + 1, c + 1):  # target rows[:, t], its context rows[:, max(0, t - L):t]
+        x, y = torch.from_numpy(rows[:, max(0, t - L):t]), torch.from_numpy(rows[:, t])
+        with torch.no_grad():
+            logits, _ = model(x)
+        losses.append(F.cross_entropy(logits[:, -1], y, reduction="none").numpy())
+    return np.mean(losses, axis=0)
+
+
+def test_crop_is_exact_truncation_and_whole_L_the_whole_window_reading(rope_run, report):
     model, _, _ = load_run(rope_run)
-    crop, none = by(report, "crop"), by(report, "none")
+    units = units_of(report, rope_run)
+    crop, none, whole = by(report, "crop"), by(report, "none"), by(report, "whole-L")
     for c in CONTEXTS:
+        assert crop[c]["per_unit"] == pytest.approx(exact_crop_loss(model, units, c, M).tolist(), abs=2e-6), c
+        assert crop[c]["context_range"] == [min(c - M + 1, L), min(c, L)]
+        assert whole[c]["per_unit"] == pytest.approx(plain_loss(model, units, min(c, L), M).tolist(), abs=2e-6), c
         if c <= L:
             assert crop[c]["per_unit"] == none[c]["per_unit"] and crop[c]["diff_crop"] is None
-        else:
-            assert crop[c]["per_unit"] == crop[L]["per_unit"] and crop[c]["context_range"] == [L - M + 1, L]
-    assert crop[L]["per_unit"] == pytest.approx(plain_loss(model, units_of(report, rope_run), L, M).tolist(), abs=2e-6)
     assert none[4 * L]["diff_crop"] == pytest.approx(none[4 * L]["loss"] - crop[4 * L]["loss"], abs=1e-6)
     assert none[4 * L]["diff_crop"] != pytest.approx(0, abs=1e-4)  # past L, the two really differ
 
 
+def test_with_L_targets_crop_is_not_the_whole_window(rope_run, tmp_path):
+    rep = sweep(rope_run, tmp_path, "--targets", str(L), "--methods", "none,crop,whole-L", "--contexts", "1,2")
+    crop, whole = by(rep, "crop"), by(rep, "whole-L")
+    assert crop[2 * L]["context_range"] == [L, L] and whole[2 * L]["context_range"] == [1, L]
+    assert abs(crop[2 * L]["loss"] - whole[2 * L]["loss"]) > 1e-4
+
+
 def test_the_targets_are_the_same_at_every_context(rope_run, report, tmp_path):
     for r in report["results"]:
-        assert r["context_range"] == ([r["context"] - M + 1, r["context"]] if r["method"] != "crop"
-                                      else [min(r["context"], L) - M + 1, min(r["context"], L)])
+        c, cap = r["context"], L if r["method"] in ("crop", "whole-L") else r["context"]
+        assert r["context_range"] == ([min(c - M + 1, cap), min(c, cap)] if r["method"] == "crop"
+                                      else [min(c, cap) - M + 1, min(c, cap)])
         assert r["multiple"] == r["context"] / L and r["available"] and r["reason"] is None
     # a model that only looks at the current token (attention and MLP outputs zeroed): its loss on a target
     # does not depend on the context at all, so every method at every context gives the same numbers iff

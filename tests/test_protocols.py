@@ -1,0 +1,102 @@
+"""lab/protocols.py and eval/score.py's exact crop: each published protocol on tiny runs, against forwards and
+formulas computed here."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+import train
+from eval.score import score_cropped
+from lab import protocols
+from model import GPT, GPTConfig
+from rope import rope_frequencies
+from tests.conftest import held_out_corpus
+
+L = 16
+
+
+def test_exact_crop_predicts_each_target_from_its_own_last_tokens():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=50, n_layer=1, n_head=2, n_embd=16)).eval()
+    rows = np.random.default_rng(0).integers(0, 50, size=(3, 21))
+    nll, hit = score_cropped(model, rows, last=15, context=8)
+    for j, t in enumerate(range(6, 21)):  # the last 15 targets: rows[:, t] from rows[:, max(0, t - 8):t]
+        with torch.no_grad():
+            logits, _ = model(torch.from_numpy(rows[:, max(0, t - 8):t]))
+        expected = F.cross_entropy(logits[:, -1], torch.from_numpy(rows[:, t]), reduction="none").numpy()
+        assert nll[:, j] == pytest.approx(expected, abs=1e-5)
+        assert (hit[:, j] == (logits[:, -1].argmax(-1).numpy() == rows[:, t])).all()
+
+
+def test_ntk_mixed_is_bojones_formula():
+    # ntk_patch.py: inv_freq = base^(-2i/d) * exp(-a j^b), j = i + 1, a = ln k / (d/2)^b; the slowest pair / k exactly
+    d, k, b = 32, 12.0, 0.75
+    factors = protocols.ntk_mixed_factors(d, k, b)
+    assert factors[-1] == pytest.approx(k) and factors[0] == pytest.approx(math.exp(math.log(k) / 16 ** 0.75))
+    scaling = {"rope_type": "longrope", "short_factor": factors, "long_factor": factors, "attention_factor": 1.0,
+               "original_max_position_embeddings": 64}
+    inv_freq, attention = rope_frequencies(d, 10000.0, scaling, 256)
+    a = math.log(k) / (d / 2) ** b
+    by_hand = [10000.0 ** (-2 * i / d) * math.exp(-a * (i + 1) ** b) for i in range(d // 2)]
+    assert inv_freq.tolist() == pytest.approx(by_hand, rel=1e-6) and attention == 1.0
+
+
+def test_logn_rows_scale_the_queries_past_L_and_nothing_else():
+    how = protocols.method("rerope:window=4+logn", 16, 16, 64, 32, None)
+    assert how.extend == (4, None) and how.logn_len == 16
+    assert protocols.method("rerope:window=4", 16, 16, 64, 32, None).logn_len is None
+
+
+def test_the_swapped_prefix_comes_from_another_document():
+    assert protocols.other_document([0, 0, 1, 2]) == [2, 2, 3, 0]
+    assert protocols.other_document([5, 5]) == [None, None]
+
+
+@pytest.fixture(scope="module")
+def rung(tmp_path_factory):
+    data = held_out_corpus(tmp_path_factory, 3)
+    folder = tmp_path_factory.mktemp("rung") / "L16"
+    common = dict(dataset=str(data), batch_size=8, n_layer=1, n_head=2, n_embd=32, max_iters=6, warmup_iters=1,
+                  eval_interval=6, eval_iters=1, log_interval=6, wandb_log=False, device="cpu", seed=0)
+    train.main([f"--{k}={v}" for k, v in dict(common, out_dir=folder / "code_small_seed0", block_size=L).items()])
+    train.main([f"--{k}={v}" for k, v in dict(common, out_dir=folder / "code_yarn4x_seed0", block_size=4 * L,
+                                                     init_from=folder / "code_small_seed0", lr_decay_iters=6).items()]
+               + [f"--rope_scaling={{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': {L}}}"])
+    return folder
+
+
+def unigram(run):
+    """The run with attention and MLP outputs zeroed: every target's loss depends on the token before it only."""
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    for k in ckpt["model"]:
+        if k.endswith("c_proj.weight"):
+            ckpt["model"][k].zero_()
+    torch.save(ckpt, run / "ckpt.pt")
+
+
+def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, tmp_path):
+    protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--out", str(tmp_path / "page")])
+    page = (tmp_path / "page" / "shapes.md").read_text()
+    for published in ("1.4996 / 1.4267 / 1.4001", "3.356", "20.07", "48.85 / 82.40"):
+        assert published in page
+    result = json.loads((rung / "code_small_seed0" / "protocols_test.json").read_text())
+    same = result["bojone"]["same"]
+    assert not np.allclose(same["none@1L"], same["crop"])  # a trained model: the whole window is not crop
+    for run in ("code_small_seed0", "code_yarn4x_seed0"):
+        unigram(rung / run)
+    protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--out", str(tmp_path / "zero")])
+    result = json.loads((rung / "code_small_seed0" / "protocols_test.json").read_text())  # new weights: computed again
+    for arm in ("same", "swapped"):
+        readings = result["bojone"][arm]
+        for row, values in readings.items():
+            assert values == pytest.approx(readings["crop"], abs=1e-5), (arm, row)
+    for row, values in result["grid"].items():
+        assert values == pytest.approx(result["grid"]["crop"], abs=1e-5), row
+    su = result["su"]
+    assert su["none@8L/repeated"] == pytest.approx(su["crop@8L/repeated"])
+    assert su["rerope:window=8@8L/repeated"] == pytest.approx(su["crop@8L/repeated"])
+    for row, values in result["press"].items():
+        assert np.mean(values) == pytest.approx(np.mean(result["press"]["crop"]), abs=1e-5), row
