@@ -14,7 +14,8 @@ decomposed: the baseline's handicap (the whole-window reading at L minus crop), 
 2L to 4L, its distortion (minus crop on the swapped arm) and what it reads past L (the difference of the two arms).
 Writes shapes.{md,json,png} into --out (docs/methodology.md, "Published protocols").
 
-    python lab/protocols.py out/ladder/L32 --seeds 2 --out out/protocols
+    python lab/protocols.py out/ladder/L32 --seeds 2 --docs dev --out out/protocols/dev
+    python lab/protocols.py out/ladder/L32 --seeds 2 --out out/protocols/test
 """
 import dataclasses
 import hashlib
@@ -27,12 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli
+from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values
 from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
 from eval.score import score_cropped, score_rows
 from runtime import load_run
+from wandb_runs import key, log_results
 
 NTK_MIXED = (12.0, 0.75)  # bojone's ntk_patch.py: k and b
 
@@ -342,8 +344,29 @@ def plot(rungs, per_rung):
     return png(fig)
 
 
+def metrics(per_rung):
+    """Summary metrics a runs table compares across pages, mean over seeds: per rung bojone's decomposition
+    (protocols/<rung>/bojone/<row>/{minus_crop_2L,minus_crop_4L,distortion_4L,reads_past_L_4L}, the handicap), Su's
+    accuracies and Press's and YaRN's readings."""
+    out = {}
+    for rung, results in per_rung.items():
+        same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
+        m = lambda d, k: float(np.mean(d[k]))  # noqa: E731
+        out[key("protocols", rung, "bojone", "handicap")] = m(same, "none@1L") - m(same, "crop")
+        for spec in bojone_methods(results[0]["L"]):
+            for k in (2, 4):
+                out[key("protocols", rung, "bojone", spec, f"minus_crop_{k}L")] = m(same, f"{spec}@{k}L") - m(same, "crop")
+            distortion = m(swapped, f"{spec}@4L") - m(swapped, "crop")
+            out[key("protocols", rung, "bojone", spec, "distortion_4L")] = distortion
+            out[key("protocols", rung, "bojone", spec, "reads_past_L_4L")] = m(same, f"{spec}@4L") - m(same, "crop") - distortion
+        for name in ("su", "press", "yarn_tuned", "yarn_zero_shot"):
+            out.update({key("protocols", rung, name, row): m(seed_means(results, name), row)
+                        for row in seed_means(results, name)})
+    return out
+
+
 def main(argv):
-    p = command_parser(__doc__, "out", out="out/protocols")
+    p = command_parser(__doc__, "out", "wandb", out="out/protocols", wandb_log="true")
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     p.add_argument("--units", default="64", help="units of 8L + 1 tokens (and documents for YaRN's) per seed (default 64)")
@@ -352,6 +375,7 @@ def main(argv):
     if a.docs not in ("dev", "test"):
         raise UserError(f"unknown --docs {a.docs!r}; allowed: dev, test")
     rungs, seeds, units = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), parse_number(a.units, "units", int, 2)
+    wandb_log = shared_values(a)["wandb_log"]
     for rung in rungs:
         for k in range(seeds):
             for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):
@@ -365,6 +389,10 @@ def main(argv):
     write_all(out, {"shapes.md": md, "shapes.png": plot(list(per_rung), per_rung),
                     "shapes.json": json_text(dict(command=command, rungs=per_rung), indent=None) + "\n"})
     print(md + f"-> {out}/shapes.{{md,json,png}}")
+    if wandb_log:
+        import wandb
+        log_results(out, dict(wandb_group=out.name, rungs=list(per_rung), docs=a.docs), metrics(per_rung),
+                    job_type="protocols", media={"protocols/plot": wandb.Image(str(out / "shapes.png"))})
 
 
 def page(per_rung, seeds, docs, command):

@@ -14,6 +14,7 @@ from lab import protocols
 from model import GPT, GPTConfig
 from rope import rope_frequencies
 from tests.conftest import held_out_corpus
+from tests.test_wandb import offline_runs, wandb_dir  # noqa: F401  (a fixture)
 
 L = 16
 
@@ -77,8 +78,8 @@ def unigram(run):
     torch.save(ckpt, run / "ckpt.pt")
 
 
-def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, tmp_path):
-    protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--out", str(tmp_path / "page")])
+def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, tmp_path, wandb_dir):
+    protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--no-wandb", "--out", str(tmp_path / "page")])
     page = (tmp_path / "page" / "shapes.md").read_text()
     for published in ("1.4996 / 1.4267 / 1.4001", "3.356", "20.07", "48.85 / 82.40"):
         assert published in page
@@ -89,6 +90,10 @@ def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, t
         unigram(rung / run)
     protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--out", str(tmp_path / "zero")])
     result = json.loads((rung / "code_small_seed0" / "protocols_test.json").read_text())  # new weights: computed again
+    (logged,) = offline_runs(wandb_dir)
+    assert logged["run"].job_type == "protocols"
+    assert logged["summary"]["protocols/L16/bojone/handicap"] == pytest.approx(0, abs=1e-5)
+    assert logged["summary"]["protocols/L16/bojone/rerope/reads_past_L_4L"] == pytest.approx(0, abs=1e-5)
     for arm in ("same", "swapped"):
         readings = result["bojone"][arm]
         for row, values in readings.items():
