@@ -259,14 +259,18 @@ def bojone_section(rung, results, L):
 
 
 def holds_bojone(results, L):
-    """The published shapes, read on the testbed's means: ReRoPE with log-n falls with more input and is below the
-    whole-window RoPE reading at 2L; NTK-mixed falls from L to 2L to 4L; RoPE as trained breaks at 2L."""
+    """bojone's published shapes, read on the testbed's means: each ReRoPE row's "longer input, lower loss" (2L below
+    the whole-window RoPE reading at L, 4L below 2L), NTK-mixed falling from L to 2L to 4L, RoPE as trained above its
+    L reading at 2L; and what no published row tested, below exact crop."""
     same = {k: np.mean(v) for k, v in seed_means(results, "bojone", "same").items()}
-    r = f"rerope:window={L // 4}+logn"
-    return {"ReRoPE+log-n: 2L below RoPE at L, 4L below 2L": same[f"{r}@2L"] < same["none@1L"] and same[f"{r}@4L"] < same[f"{r}@2L"],
-            "NTK-logn-mixed: falls from L to 2L to 4L": same["ntk-mixed+logn@4L"] < same["ntk-mixed+logn@2L"] < same["ntk-mixed+logn@1L"],
-            "RoPE as trained: far above at 2L": same["none@2L"] > same["none@1L"] + 0.1,
-            "ReRoPE+log-n below exact crop at 2L and 4L": same[f"{r}@2L"] < same["crop"] and same[f"{r}@4L"] < same["crop"]}
+    out = {}
+    for r in (s for s in bojone_methods(L) if s.startswith("rerope")):
+        out[f"`{r}`: 2L below RoPE's whole window at L"] = same[f"{r}@2L"] < same["none@1L"]
+        out[f"`{r}`: 4L below 2L"] = same[f"{r}@4L"] < same[f"{r}@2L"]
+        out[f"`{r}`: below exact crop at 2L or 4L (not in the published table)"] = min(same[f"{r}@2L"], same[f"{r}@4L"]) < same["crop"]
+    out["NTK-logn-mixed: falls from L to 2L to 4L"] = same["ntk-mixed+logn@4L"] < same["ntk-mixed+logn@2L"] < same["ntk-mixed+logn@1L"]
+    out["RoPE as trained: above its L reading at 2L"] = same["none@2L"] > same["none@1L"]
+    return out
 
 
 def yarn_section(rung, results):
@@ -402,11 +406,11 @@ def page(per_rung, seeds, docs, command):
              "in brackets. Nothing here is decided. None of the published tables has an exact-crop row: each published "
              "number is beside the testbed's number measured in that source's protocol, and exact crop (every target from "
              "exactly its last L tokens) beside both.\n", "## Scoreboard\n",
-             "| published shape (source) | rung | holds on the testbed |", "| --- | --- | --- |"]
+             "| source | shape | rung | holds on the testbed |", "| --- | --- | --- | --- |"]
     for rung, results in per_rung.items():
-        for shape, ok in holds_bojone(results, results[0]["L"]).items():
-            lines.append(f"| {shape} (bojone/rerope) | {rung} | {'yes' if ok else 'no'} |")
-        lines += [f"| {shape} | {rung} | {'yes' if ok else 'no'} |" for shape, ok in other_holds(results).items()]
+        shapes = [("bojone/rerope", *kv) for kv in holds_bojone(results, results[0]["L"]).items()]
+        shapes += [(source, shape, ok) for (source, shape), ok in other_holds(results).items()]
+        lines += [f"| {source} | {shape} | {rung} | {'yes' if ok else 'no'} |" for source, shape, ok in shapes]
     for rung, results in per_rung.items():
         lines += ["", f"## Rung {rung} (L = {results[0]['L']}; {results[0]['units']} units, {results[0]['documents']} "
                       "documents for YaRN's protocol)\n"]
@@ -422,15 +426,18 @@ def other_holds(results):
     tuned, press, su = (seed_means(results, k) for k in ("yarn_tuned", "press", "su"))
     m = lambda d, k: float(np.mean(d[k]))  # noqa: E731
     r, rl = f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"
-    return {"a fine-tune's perplexity falls to F and rises past it (YaRN's csv)":
+    return {("jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"):
             m(tuned, "none@4L") < m(tuned, "none@1L") and m(tuned, "none@5L") > m(tuned, "none@4L"),
-            "RoPE as trained: whole windows of 2L above L (Press et al., Table 2)": m(press, "none@2L") > m(press, "none@1L"),
-            "accuracy at 8L: baseline < NTK-logn-mixed < ReRoPE <= ReRoPE+log-n, text (Su)":
+            ("Press et al. 2022", "RoPE as trained: whole windows of 2L above L"): m(press, "none@2L") > m(press, "none@1L"),
+            ("Su 2023", "accuracy at 8L, text: baseline < NTK-logn-mixed < ReRoPE <= ReRoPE+log-n"):
             m(su, "none@8L/text") < m(su, "ntk-mixed+logn@8L/text") < m(su, f"{r}@8L/text") <= m(su, f"{rl}@8L/text"),
-            "accuracy at 8L, repeated text: the same order (Su)":
+            ("Su 2023", "accuracy at 8L, repeated text: the same order"):
             m(su, "none@8L/repeated") < m(su, "ntk-mixed+logn@8L/repeated") < m(su, f"{r}@8L/repeated")
             <= m(su, f"{rl}@8L/repeated"),
-            "ReRoPE+log-n at 8L within 1 point of its accuracy at L (Su)": m(su, f"{rl}@8L/text") > m(su, "none@1L") - 0.01}
+            ("Su 2023", "ReRoPE+log-n at 8L within 1 point of the accuracy at L"):
+            m(su, f"{rl}@8L/text") > m(su, "none@1L") - 0.01,
+            ("Su 2023", "repeated text read far better than text at 8L by ReRoPE+log-n (copying from 4L back)"):
+            m(su, f"{rl}@8L/repeated") > m(su, f"{rl}@8L/text") + 0.05}
 
 
 if __name__ == "__main__":
