@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
@@ -157,6 +158,8 @@ def evaluate_seed(rung, seed, docs_name, units_n):
     """Every protocol's per-unit readings for one seed of a rung (its L model and its fine-tune), reused from
     rung/code_small_seed<k>/protocols_<docs>.json while the weights and options are the same."""
     small, tuned = rung / f"code_small_seed{seed}", rung / f"code_yarn4x_seed{seed}"
+    if units_n is None:  # auto: the same 16k targets at every L, at least 16 units
+        units_n = max(16, 2048 // torch.load(small / "ckpt.pt", weights_only=True, map_location="cpu")["model_args"]["block_size"])
     ids = dict(small=weights_id(small / "ckpt.pt"), tuned=weights_id(tuned / "ckpt.pt"), docs=docs_name, units=units_n)
     cache = small / f"protocols_{docs_name}.json"
     if cache.is_file() and (done := __import__("json").loads(cache.read_text())).get("ids") == ids:
@@ -373,12 +376,13 @@ def main(argv):
     p = command_parser(__doc__, "out", "wandb", out="out/protocols", wandb_log="true")
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
-    p.add_argument("--units", default="64", help="units of 8L + 1 tokens (and documents for YaRN's) per seed (default 64)")
+    p.add_argument("--units", default="auto", help="units of 8L + 1 tokens (and documents for YaRN's) per seed: a number "
+                                                   "or auto, 2,048 / L and at least 16 (default auto)")
     p.add_argument("--docs", default="test", help="held-out documents: dev or test (default test)")
     a = p.parse_args(argv)
     if a.docs not in ("dev", "test"):
         raise UserError(f"unknown --docs {a.docs!r}; allowed: dev, test")
-    rungs, seeds, units = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), parse_number(a.units, "units", int, 2)
+    rungs, seeds, units = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), None if a.units == "auto" else parse_number(a.units, "units", int, 2)
     wandb_log = shared_values(a)["wandb_log"]
     for rung in rungs:
         for k in range(seeds):
@@ -387,7 +391,7 @@ def main(argv):
                     raise UserError(f"{rung / run} has no ckpt.pt: train it first (docs/experiments.md, the regime ladder)")
     out = claim_output(a.out, "shapes")
     per_rung = {r.name: [evaluate_seed(r, k, a.docs, units) for k in range(seeds)] for r in rungs}
-    command = shlex.join(["python", "lab/protocols.py", *a.rungs, f"--seeds={seeds}", f"--units={units}",
+    command = shlex.join(["python", "lab/protocols.py", *a.rungs, f"--seeds={seeds}", f"--units={a.units}",
                           f"--docs={a.docs}", f"--out={a.out}"])
     md = page(per_rung, seeds, a.docs, command)
     write_all(out, {"shapes.md": md, "shapes.png": plot(list(per_rung), per_rung),
