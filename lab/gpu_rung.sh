@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The regime ladder's GPU rung (docs/experiments.md): the ladder's study on lab/configs/code_L256_20M.py, 2 seeds (the
 # L model, its ceiling fine-tuned at 4L = 1024 with YaRN, then lab/ladder.py's dev choices and test page). Sized for
-# one GPU in under 8 minutes at estimated speeds. Options after OUT go to every training.
+# one GPU in under 8 minutes at estimated speeds; then the published protocols (lab/protocols.py) on dev and test. Options after OUT go to every training.
 #   bash lab/gpu_rung.sh out/ladder_gpu
 set -euo pipefail
 out=${1:?usage: bash lab/gpu_rung.sh OUT [train.py options]}; shift
@@ -16,4 +16,8 @@ for s in 0 1; do
 done
 start=$SECONDS
 python lab/ladder.py "$out/L256_20M" --seeds 2 --out "$out/page"
-echo "gpu_rung: ladder page in $((SECONDS - start)) s, all in $SECONDS s"
+echo "gpu_rung: ladder page in $((SECONDS - start)) s"
+start=$SECONDS
+python lab/protocols.py "$out/L256_20M" --seeds 2 --docs dev --out "$out/protocols_dev"
+python lab/protocols.py "$out/L256_20M" --seeds 2 --out "$out/protocols"
+echo "gpu_rung: published protocols in $((SECONDS - start)) s, all in $SECONDS s"

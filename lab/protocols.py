@@ -154,7 +154,7 @@ def yarn_protocol(model, tokens, docs, L, head_dim, lengths, methods, crops):
     return out
 
 
-def evaluate_seed(rung, seed, docs_name, units_n):
+def evaluate_seed(rung, seed, docs_name, units_n, device):
     """Every protocol's per-unit readings for one seed of a rung (its L model and its fine-tune), reused from
     rung/code_small_seed<k>/protocols_<docs>.json while the weights and options are the same."""
     small, tuned = rung / f"code_small_seed{seed}", rung / f"code_yarn4x_seed{seed}"
@@ -165,7 +165,7 @@ def evaluate_seed(rung, seed, docs_name, units_n):
     if cache.is_file() and (done := __import__("json").loads(cache.read_text())).get("ids") == ids:
         return done
     print(f"protocols: {rung.name} seed {seed} on {docs_name}", flush=True)
-    model, _, data_dir = load_run(small, "cpu")
+    model, _, data_dir = load_run(small, device)
     L, head_dim = model.config.train_len, model.config.n_embd // model.config.n_head
     tokens, docs = load_split(data_dir, "val")
     docs = held_out(docs, docs_name)
@@ -182,7 +182,7 @@ def evaluate_seed(rung, seed, docs_name, units_n):
                   press=press, su=su, grid=window_grid(model, units, L, head_dim),
                   yarn_zero_shot=yarn_protocol(model, tokens, long_docs, L, head_dim, (1, 2, 4), ("none", "pi", "ntk", "yarn"),
                                                {"crop": L}))
-    tuned_model = load_run(tuned, "cpu")[0]
+    tuned_model = load_run(tuned, device)[0]
     result["yarn_tuned"] = yarn_protocol(tuned_model, tokens, long_docs, L, head_dim, (1, 2, 4, 5), ("none",),
                                          {"crop": tuned_model.config.block_size, "crop-L": L})
     result = json_ready(result)
@@ -373,7 +373,7 @@ def metrics(per_rung):
 
 
 def main(argv):
-    p = command_parser(__doc__, "out", "wandb", out="out/protocols", wandb_log="true")
+    p = command_parser(__doc__, "out", "device", "wandb", out="out/protocols", wandb_log="true")
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     p.add_argument("--units", default="auto", help="units of 8L + 1 tokens (and documents for YaRN's) per seed: a number "
@@ -383,14 +383,14 @@ def main(argv):
     if a.docs not in ("dev", "test"):
         raise UserError(f"unknown --docs {a.docs!r}; allowed: dev, test")
     rungs, seeds, units = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), None if a.units == "auto" else parse_number(a.units, "units", int, 2)
-    wandb_log = shared_values(a)["wandb_log"]
+    wandb_log, device = shared_values(a)["wandb_log"], shared_values(a)["device"]
     for rung in rungs:
         for k in range(seeds):
             for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):
                 if not (rung / run / "ckpt.pt").is_file():
                     raise UserError(f"{rung / run} has no ckpt.pt: train it first (docs/experiments.md, the regime ladder)")
     out = claim_output(a.out, "shapes")
-    per_rung = {r.name: [evaluate_seed(r, k, a.docs, units) for k in range(seeds)] for r in rungs}
+    per_rung = {r.name: [evaluate_seed(r, k, a.docs, units, device) for k in range(seeds)] for r in rungs}
     command = shlex.join(["python", "lab/protocols.py", *a.rungs, f"--seeds={seeds}", f"--units={a.units}",
                           f"--docs={a.docs}", f"--out={a.out}"])
     md = page(per_rung, seeds, a.docs, command)
