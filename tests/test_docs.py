@@ -1,7 +1,7 @@
-"""What the docs state that the repository can check: every relative link in the README and docs/ reaches an
-existing file and heading, every script and config a quoted command runs exists, CI runs the README's test command,
-the README's methods are eval/methods.py's, the reference's training table holds every config key, and every doc
-section a module names exists."""
+"""What the docs state that the repository can check: every relative link in the README and docs/ reaches
+an existing file and heading, every script and config a quoted command runs exists, CI runs the README's
+test command, the README's methods are eval/methods.py's, the reference's training table holds every config
+key, and every doc section a module names exists."""
 import re
 from pathlib import Path
 
@@ -20,8 +20,8 @@ def headings(page):
 
 
 def anchors(page):
-    """The ids GitHub gives a page's headings: lower case, punctuation but - and _ dropped, spaces to hyphens, and
-    -1, -2, ... on a repeated one."""
+    """The ids GitHub gives a page's headings: lower case, punctuation but - and _ dropped, spaces to
+    hyphens, and -1, -2, ... on a repeated one."""
     seen, ids = {}, set()
     for title in headings(page):
         slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
@@ -33,7 +33,8 @@ def anchors(page):
 def commands(page):
     """Each `python ...` or `torchrun ...` command quoted on a page, in code blocks and inline code alike."""
     text = page.read_text().replace("\\\n", " ")
-    quoted = [l for block in re.findall(r"^```\n(.*?)^```", text, flags=re.M | re.S) for l in block.splitlines()]
+    blocks = re.findall(r"^```\n(.*?)^```", text, flags=re.M | re.S)
+    quoted = [line for block in blocks for line in block.splitlines()]
     quoted += re.findall(r"`([^`\n]+)`", FENCE.sub("", text))
     return [c.strip() for line in quoted for c in re.findall(r"(?:python|torchrun) [^&;|]+", line)]
 
@@ -60,8 +61,9 @@ def test_every_script_and_config_a_quoted_command_runs_exists():
     missing = []
     for page in PAGES:
         for command in commands(page):
+            # whole path words only: a shell pattern (configs/*_small.py, base{100,500}.py) names no one file
             for path in re.findall(r"(?<![\w/.{}$*-])((?:[\w.-]+/)*[\w.-]+\.(?:py|sh))(?![\w{])", command):
-                if not Path(path).stem.isupper() and not (ROOT / path).exists():  # CONFIG.py is a placeholder
+                if not Path(path).stem.isupper() and not (ROOT / path).exists():  # CONFIG.py: a placeholder
                     missing.append(f"{page.relative_to(ROOT)}: {path} in `{command}`")
     assert not missing, missing
 
@@ -85,7 +87,8 @@ def test_the_reference_training_table_holds_every_config_key_and_no_other():
     from config import DEFAULTS
     text = (ROOT / "docs" / "reference.md").read_text()
     table = re.search(r"^\| key \| default \| meaning \|\n((?:\|.*\n)+)", text, flags=re.M).group(1)
-    keys = {k for row in re.findall(r"^\| ([^|]+) \|", table, flags=re.M) for k in re.findall(r"`(\w+)`", row)}
+    first_cells = re.findall(r"^\| ([^|]+) \|", table, flags=re.M)
+    keys = {key for cell in first_cells for key in re.findall(r"`(\w+)`", cell)}
     assert keys == set(DEFAULTS), (sorted(set(DEFAULTS) - keys), sorted(keys - set(DEFAULTS)))
 
 
