@@ -12,7 +12,7 @@ model trained at L, and code_yarn4x_seed<k>, its 4L YaRN fine-tune) and seed, on
 Exact crop (each target from exactly its last L tokens) is scored on the same targets, and bojone's contrasts are
 decomposed: the baseline's handicap (the whole-window reading at L minus crop), the method minus crop, its change from
 2L to 4L, its distortion (minus crop on the swapped arm) and what it reads past L (the difference of the two arms).
-Writes shapes.{md,json,png} into --out (docs/methodology.md, "Published protocols").
+Writes shapes.{md,json,png} into --out (docs/methodology.md, "Published protocols, and what exact crop adds to them").
 
     python lab/protocols.py out/ladder/L32 --seeds 2 --docs dev --out out/protocols/dev
     python lab/protocols.py out/ladder/L32 --seeds 2 --out out/protocols/test

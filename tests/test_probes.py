@@ -71,7 +71,7 @@ def test_mix_copies_replaces_the_fraction_of_rows():
 
 
 # `python train.py lab/configs/retrieval_small.py --max_iters=16000` (seed 1337): its weights, config and iteration, the optimizer
-# state dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "Probes"; lab/pairs.py runs on it)
+# state dropped: a 2x64 RoPE model that copies inside its training length 64 (README, "The lab"; lab/pairs.py runs on it)
 COPIER = Path(__file__).parent / "assets" / "copier.pt"
 
 
