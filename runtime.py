@@ -240,8 +240,8 @@ def replace_run(out_dir, config):
     """Move the run in out_dir aside whole (one rename) for a new one (--overwrite=True), once nothing in the way."""
     home = out_dir.resolve()
     if config["init_from"] != "resume" and Path(config["init_from"]).resolve().is_relative_to(home):
-        raise UserError(f"init_from={config['init_from']} lies in out_dir, which --overwrite=True would replace: "
-                        f"fine-tune into another --out_dir")
+        raise UserError(f"init_from={config['init_from']} is out_dir's own checkpoint, which --overwrite=True would "
+                        f"replace: fine-tune into another --out_dir")
     if others := [p.name for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(KEPT)]:
         raise UserError(f"{out_dir} holds folders besides its run's ({', '.join(sorted(others))}): --overwrite=True "
                         f"replaces the folder whole; give the new run a folder of its own")
