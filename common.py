@@ -188,8 +188,8 @@ def json_text(obj, indent=None):
 # ----------------------------------------------------------------------------- the one lock system
 
 def open_locked(path, mode="a+", wait=False):
-    """path opened and holding its exclusive flock, or None where another open file holds it (wait: until it is free).
-    The lock is the operating system's: it goes when the file is closed or its process ends, kill -9 included."""
+    """path opened, holding its exclusive flock; None where another open file holds it (wait: until it is
+    free). The lock is the operating system's: it goes when the file is closed or its process ends."""
     while True:
         f = open(path, mode)
         try:
@@ -203,7 +203,7 @@ def open_locked(path, mode="a+", wait=False):
         f.close()  # its holder removed it as we opened it: lock the file at path now
 
 
-_CLAIMED = []  # (folder, lock path, its open file, folders made for it): released by run_cli, write_all or at exit
+_CLAIMED = []  # (folder, lock path, its open file, folders made for it), released by run_cli, write_all, exit
 
 
 SOURCE_FOLDERS = ("configs", "data", "eval", "lab", "tests", ".git")  # the repository's own, beside its root
@@ -220,10 +220,10 @@ def source_folder(folder, corpus=False):
 
 
 def claim_output(folder, name, lock=None, in_use=None, option="--out", corpus=False):
-    """Make folder and hold the lock folder/.<name>.lock (or lock) until the command ends: a second command writing the
-    same outputs there meanwhile is refused (in_use: what its error says), and a folder that cannot be written, or one
-    of the repository's own (source_folder; corpus: prepare.py's data/<name>), fails now, not after the whole
-    computation. option: the option that names the folder, for the advice."""
+    """Make folder and hold the lock folder/.<name>.lock (or lock) until the command ends. A second command
+    writing the same outputs there meanwhile is refused (in_use: what its error says). A folder that cannot be
+    written, or one of the repository's own (source_folder; corpus: prepare.py's data/<name>), fails now, not
+    after the whole computation. option: the option that names the folder, for the advice."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"output folder {folder} is a file: choose another {option}")
@@ -242,8 +242,8 @@ def claim_output(folder, name, lock=None, in_use=None, option="--out", corpus=Fa
         raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}: {e.filename}); "
                         f"give another {option}") from None
     if f is None:
-        raise UserError(f"{folder} is in use by {lock_holder(lock)} (its lock {lock}): "
-                        + (in_use or f"another command is writing its {name} outputs there; wait for it, or give another {option}"))
+        in_use = in_use or f"another command writes its {name} outputs there; wait, or give another {option}"
+        raise UserError(f"{folder} is in use by {lock_holder(lock)} (its lock {lock}): {in_use}")
     f.truncate(0)
     f.write(f"{Path(sys.argv[0]).name or 'python'} (process {os.getpid()})")  # whom a refused command names
     f.flush()
@@ -260,7 +260,7 @@ def lock_holder(lock):
 
 
 def release_outputs(folder=None):
-    """Release this process's output locks (of folder, or all), and remove the folders made for outputs that never came."""
+    """Release this process's output locks (of folder, or all); remove folders made for no outputs."""
     for item in [c for c in _CLAIMED if folder is None or c[0] == Path(folder)]:
         _CLAIMED.remove(item)
         _, lock, f, made = item
@@ -273,13 +273,14 @@ def release_outputs(folder=None):
 
 
 atexit.register(release_outputs)
+os.register_at_fork(after_in_child=_CLAIMED.clear)  # a forked worker holds no claim of its own to release
 
 
 # ----------------------------------------------------------------------------- the one atomic writer
 
 def remove_leftovers(folder):
-    """Remove the temporary files in folder (atomic's, .<name>.<pid>.tmp) whose writers ended without removing them (a
-    kill -9): a writer holds its temporary file's lock until the file is in place."""
+    """Remove the temporary files in folder (atomic's, .<name>.<pid>.tmp) whose writers ended without removing
+    them (a kill -9): a writer holds its temporary file's lock until the file is in place."""
     for tmp in Path(folder).glob(".*.*.tmp"):
         with suppress(OSError):  # gone already, a folder, or a read-only folder
             if f := open_locked(tmp, "rb"):
@@ -289,9 +290,9 @@ def remove_leftovers(folder):
 
 @contextmanager
 def atomic(path):
-    """A file to write in place of path: a temp file beside it, synced and renamed over path when the block ends, removed
-    if it fails, so a crash leaves the old file or the new one (and the next write of path removes a dead writer's temp
-    file)."""
+    """A file to write in place of path: a temp file beside it, synced and renamed over path when the block
+    ends, removed if it fails. A crash leaves the old file or the new one (and the next write in that folder
+    removes a dead writer's temp file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
     remove_leftovers(path.parent)

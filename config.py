@@ -95,7 +95,8 @@ def load_config(argv):
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
     check_schedule(config)
     if config["overwrite"] and config["init_from"] == "resume":
-        raise UserError("overwrite=True replaces the run in out_dir, init_from='resume' continues it: give one of them")
+        raise UserError("overwrite=True replaces the run in out_dir, init_from='resume' continues it: "
+                        "give one of them")
     if late := [n for n in config["keep_iters"] if n > config["max_iters"]]:
         raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up to max_iters")
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
@@ -114,11 +115,12 @@ def load_config(argv):
 
 
 def check_schedule(config):
-    """The learning rate's schedule: a warmup, then a decay that ends at lr_decay_iters (not given: at max_iters)."""
+    """The learning rate's schedule: a warmup, then a decay ending at lr_decay_iters (not given: at
+    max_iters)."""
     given, warmup = config["lr_decay_iters"], config["warmup_iters"]
-    if given and given <= warmup:  # the decay would end before the warmup does: the rate would drop to min_lr at once
-        raise UserError(f"lr_decay_iters={given} ends the decay before warmup_iters={warmup} ends the warmup: use "
-                        f"lr_decay_iters > {warmup}, or a shorter warmup")
+    if given and given <= warmup:  # the decay would end before the warmup: the rate would drop to min_lr
+        raise UserError(f"lr_decay_iters={given} ends the decay before warmup_iters={warmup} ends the "
+                        f"warmup: use lr_decay_iters > {warmup}, or a shorter warmup")
     config["lr_decay_iters"] = given or config["max_iters"]  # a short run still decays to min_lr
 
 

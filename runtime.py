@@ -50,8 +50,9 @@ def load_checkpoint(path, device="cpu"):
     run = Path(path).parent if Path(path).suffix == ".pt" else Path(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.exists() and replaced(run).is_dir():
-        raise UserError(f"no checkpoint at {path}: an --overwrite=True was stopped before its first checkpoint, and the "
-                        f"run it replaces waits in {replaced(run)}; the next train.py with --out_dir={run} puts it back")
+        raise UserError(f"no checkpoint at {path}: an --overwrite=True was stopped before its first "
+                        f"checkpoint, and the run it replaces waits in {replaced(run)}; the next "
+                        f"train.py with --out_dir={run} puts it back")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
     try:
@@ -153,11 +154,12 @@ def start_checkpoint(config, meta, device):
     path = config["init_from"] if tune else Path(config["out_dir"])
     ckpt = load_checkpoint(path, device)
     if not tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):  # weights only, as tests/assets/copier.pt
-        raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only, or an older "
-                        f"train.py's); fine-tune from it instead: --init_from={path}/ckpt.pt --out_dir=<a new folder>")
-    if not tune and config["max_iters"] < ckpt["iter_num"]:
-        raise UserError(f"max_iters={config['max_iters']} is below the iteration of {path}/ckpt.pt ({ckpt['iter_num']}): "
-                        f"a resume trains on from there; give --max_iters={ckpt['iter_num']} or more")
+        raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only, "
+                        f"or an older train.py's); fine-tune from it instead: --init_from={path}/ckpt.pt "
+                        "--out_dir=<a new folder>")
+    if not tune and config["max_iters"] < (done := ckpt["iter_num"]):
+        raise UserError(f"max_iters={config['max_iters']} is below the iteration of {path}/ckpt.pt ({done}): "
+                        f"a resume trains on from there; give --max_iters={done} or more")
     args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
     train_len = checkpoint_config(ckpt).train_len  # the original training length: the first run's, through fine-tunes
     if tune:
@@ -190,15 +192,15 @@ KEPT = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, a run folder 
 
 
 def replaced(out_dir):
-    """Where --overwrite=True moves the run in out_dir, whole, until the new run's first checkpoint is written."""
+    """Where --overwrite=True moves the run in out_dir, whole, until the new run's first checkpoint."""
     home = Path(out_dir).resolve()
     return home.with_name(f".{home.name}.replaced")
 
 
 def settle_replaced(out_dir):
-    """Finish an --overwrite=True, from whole folders only (each step one rename or one removal, so any kill leaves one
-    of these states): the new run has its first checkpoint -> the old run goes; else (it failed, was refused or was
-    killed) the new folder goes and the old one is renamed back."""
+    """Finish an --overwrite=True from the two whole folders (each step is one rename or one removal, so a
+    kill leaves one of these states). The new run has its first checkpoint: the old run goes. Else (the new
+    run failed, was refused or was killed) the new folder goes and the old one is renamed back."""
     old = replaced(out_dir)
     if not old.exists():
         return
@@ -216,34 +218,36 @@ def kept_folders(out_dir):
 
 @contextmanager
 def held_children(out_dir):
-    """The locks of out_dir's kept checkpoints, held while out_dir is moved aside: a run trained on in one of them
-    (resumed in place, or still training) is refused in one line, never moved."""
+    """The locks of out_dir's kept checkpoints, held while out_dir is moved aside. A kept checkpoint trained
+    on (resumed in place, or training now) is a run of its own: refused in one line, never moved."""
     held = []
     try:
         for kept in kept_folders(out_dir):
-            if (f := open_locked(kept.with_name(f".{kept.name}.lock"))) is None:
-                raise UserError(f"{kept} is in use by {lock_holder(kept.with_name(f'.{kept.name}.lock'))}: "
-                                f"--overwrite=True would remove it with {out_dir}; wait for it to end")
-            held.append((kept.name, f))
-            if (kept / "ckpt.pt").is_file() and (it := load_checkpoint(kept)["iter_num"]) != int(kept.name[len(KEPT):]):
-                raise UserError(f"{kept} was trained on to iter {it} (a run of its own now): --overwrite=True would "
-                                f"remove it with {out_dir}; move it out of {out_dir} first")
+            lock = kept.with_name(f".{kept.name}.lock")
+            if (f := open_locked(lock)) is None:
+                raise UserError(f"{kept} is in use by {lock_holder(lock)}: --overwrite=True would remove it "
+                                f"with {out_dir}; wait for it to end")
+            held.append((lock.name, f))
+            at = int(kept.name[len(KEPT):])
+            if (kept / "ckpt.pt").is_file() and (it := load_checkpoint(kept)["iter_num"]) != at:
+                raise UserError(f"{kept} was trained on to iter {it} (a run of its own now): "
+                                f"--overwrite=True would remove it with {out_dir}; move it out first")
         yield
     finally:
-        for name, f in held:  # the lock files moved with the folder
+        for name, f in held:  # their lock files moved with the folder
             with suppress(OSError):
-                (replaced(out_dir) / f".{name}.lock").unlink()
+                (replaced(out_dir) / name).unlink()
             f.close()
 
 
 def replace_run(out_dir, config):
-    """Move the run in out_dir aside whole (one rename) for a new one (--overwrite=True), once nothing in the way."""
-    home = out_dir.resolve()
-    if config["init_from"] != "resume" and Path(config["init_from"]).resolve().is_relative_to(home):
-        raise UserError(f"init_from={config['init_from']} is out_dir's own checkpoint, which --overwrite=True would "
+    """Move the run in out_dir aside whole, one rename, for a new run (--overwrite=True)."""
+    source = config["init_from"]
+    if source != "resume" and Path(source).resolve().is_relative_to(out_dir.resolve()):
+        raise UserError(f"init_from={source} is out_dir's own checkpoint, which --overwrite=True would "
                         f"replace: fine-tune into another --out_dir")
-    if others := [p.name for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(KEPT)]:
-        raise UserError(f"{out_dir} holds folders besides its run's ({', '.join(sorted(others))}): --overwrite=True "
+    if others := sorted(p.name for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(KEPT)):
+        raise UserError(f"{out_dir} holds folders besides its run's ({', '.join(others)}): --overwrite=True "
                         f"replaces the folder whole; give the new run a folder of its own")
     with held_children(out_dir):
         os.rename(out_dir, replaced(out_dir))
@@ -252,27 +256,28 @@ def replace_run(out_dir, config):
 
 @contextmanager
 def run_folder(config):
-    """out_dir, made and locked for one training (the lock .<name>.lock beside it, the operating system's: it goes with
-    its process). A new run into a folder holding one needs --overwrite=True, and replaces it only once its first
-    checkpoint is written: until then the old run waits whole in .<name>.replaced, and comes back if the new one ends
-    sooner."""
+    """out_dir, made and locked for one training: the lock .<name>.lock beside it, the operating system's (it
+    goes with its process). A new run into a folder holding one needs --overwrite=True, and replaces it only
+    once its first checkpoint is written: until then the old run waits whole in .<name>.replaced, and comes
+    back if the new one ends sooner."""
     out_dir = Path(config["out_dir"])
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
     home = out_dir.resolve()
-    claim_output(out_dir, "train", lock=home.with_name(f".{home.name}.lock"), in_use="one training per out_dir",
-                 option="--out_dir")
+    claim_output(out_dir, "train", lock=home.with_name(f".{home.name}.lock"), option="--out_dir",
+                 in_use="one training per out_dir")
     try:
         settle_replaced(out_dir)  # an earlier replacement stopped half way
-        held = [n for n in ("ckpt.pt", "log.jsonl") if (out_dir / n).exists()] + [p.name for p in kept_folders(out_dir)]
+        held = [n for n in ("ckpt.pt", "log.jsonl") if (out_dir / n).exists()]
+        held += [p.name for p in kept_folders(out_dir)]
         if config["init_from"] != "resume" and held:
             if not config["overwrite"]:
                 raise UserError(f"{out_dir} already holds a run ({', '.join(held)}): " + ("continue it with "
                                 "--init_from=resume, or " if "ckpt.pt" in held else "") + "replace it with --overwrite=True")
             replace_run(out_dir, config)
         if files := [f"{KEPT}{n}" for n in config["keep_iters"] if (out_dir / f"{KEPT}{n}").is_file()]:
-            raise UserError(f"{out_dir / files[0]} is a file, where keep_iters keeps a checkpoint: move it, or keep "
-                            f"other iterations")
+            raise UserError(f"{out_dir / files[0]} is a file, where keep_iters keeps a checkpoint: move it, "
+                            f"or keep other iterations")
         yield out_dir
     finally:
         try:
@@ -284,16 +289,16 @@ def run_folder(config):
 
 
 def save_checkpoint(run, iter_num, best_val_loss):
-    """The training's state at iter_num into out_dir/ckpt.pt, with what it was trained from (its config after the
-    overrides, its data's identity, its origin: what a resume and a study's reuse compare against) and its log,
-    atomically: the earlier checkpoint stays if this one fails (a full disk is one line); then the run it replaces
-    is removed. At one of keep_iters it is also kept (keep_checkpoint)."""
+    """The training's state at iter_num into out_dir/ckpt.pt, atomically: the earlier checkpoint stays if this
+    one fails (a full disk is one line); then the run it replaces is removed. With it goes what the run was
+    trained from (its config after the overrides, its data's identity, its origin: what a resume and a study's
+    reuse compare against) and its log. At one of keep_iters it is also kept (keep_checkpoint)."""
     state = {"model": run["model"].state_dict(), "optimizer": run["optimizer"].state_dict(), "iter_num": iter_num,
              "model_args": asdict(run["model"].config), "best_val_loss": best_val_loss, "origin": run["origin"],
              "config": run["config"], "data": data_identity(run["meta"]), "log": run["log"],
              "rng": {"numpy": run["rng"].bit_generator.state, "torch": torch.get_rng_state()}}
     path = run["out_dir"] / "ckpt.pt"
-    buffer = io.BytesIO()  # serialized first: torch reports a failed write (a full disk) as a RuntimeError of its own
+    buffer = io.BytesIO()  # first: torch reports a failed write (a full disk) as a RuntimeError of its own
     torch.save(state, buffer)
     try:
         write_atomic(path, lambda f: f.write(buffer.getbuffer()))
@@ -306,14 +311,15 @@ def save_checkpoint(run, iter_num, best_val_loss):
 
 
 def write_log(folder, log):
-    """folder/log.jsonl: one line per evaluation, rewritten whole (a kill leaves the old file or the new one)."""
+    """folder/log.jsonl, one line per evaluation, rewritten whole: a kill leaves the old file or the new
+    one."""
     write_atomic(folder / "log.jsonl", lambda f: f.write("".join(json_text(e) + "\n" for e in log).encode()))
 
 
 def keep_checkpoint(out_dir, iter_num, log):
-    """out_dir's checkpoint and log at iter_num as out_dir/iter_<n>/, a run folder of its own (evaluate it, resume it
-    in place), built under a temporary name and renamed whole. Never written again once there: a resume of out_dir
-    passing iter_num again leaves it as it is (a run may have trained on in it)."""
+    """out_dir's checkpoint and log at iter_num as out_dir/iter_<n>/, a run folder of its own (evaluate it,
+    resume it in place), built under a temporary name and renamed whole. Never written again once there: a
+    resume of out_dir passing iter_num again leaves it as it is (a run may have trained on in it)."""
     folder = out_dir / f"{KEPT}{iter_num}"
     if folder.exists():
         print(f"{folder} is kept already: a kept checkpoint is never written again")

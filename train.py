@@ -64,12 +64,15 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
 
 
 def rank0_losses(run):
-    """Rank 0's evaluation; with DDP its train and val losses are sent to every process (the others do not evaluate),
-    so that a non-finite loss stops each of them with the same line."""
-    losses = estimate_loss(run["model"], run["splits"], run["config"], run["ctx"], run["device"], run["copy_vocab"]) \
-        if run["master"] else {}
+    """Rank 0's evaluation. With DDP its train and val losses are sent to every process (the others do not
+    evaluate), so that a non-finite loss stops each of them with the same line."""
+    losses = {}
+    if run["master"]:
+        losses = estimate_loss(run["model"], run["splits"], run["config"], run["ctx"], run["device"],
+                               run["copy_vocab"])
     if run["ddp"]:
-        shared = torch.tensor([losses.get("train", 0.0), losses.get("val", 0.0)], dtype=torch.float64, device=run["device"])
+        both = [losses.get("train", 0.0), losses.get("val", 0.0)]
+        shared = torch.tensor(both, dtype=torch.float64, device=run["device"])
         torch.distributed.broadcast(shared, 0)
         losses = losses or dict(train=shared[0].item(), val=shared[1].item())
     return losses
@@ -86,7 +89,7 @@ def evaluate_and_save(run, iter_num, lr, best_val_loss, saved):
     best_val_loss = min(best_val_loss, losses["val"])
     if run["master"]:
         report(run, iter_num, lr, losses)
-    if iter_num == 0 and 0 not in run["config"]["keep_iters"]:  # the starting point: a checkpoint only when kept
+    if iter_num == 0 and 0 not in run["config"]["keep_iters"]:  # the starting point: a checkpoint if kept
         return best_val_loss, saved
     if run["master"]:
         save_checkpoint(run, iter_num, best_val_loss)
@@ -98,7 +101,7 @@ def report(run, iter_num, lr, losses):
     retrieval = (f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else
                  f", mqar acc {losses['mqar_acc']:.3f}" if "mqar_acc" in losses else "")
     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{retrieval}")
-    if not run["log"] or run["log"][-1]["iter"] < iter_num:  # a resume's first evaluation is in its log already
+    if not run["log"] or run["log"][-1]["iter"] < iter_num:  # a resume's first evaluation is logged already
         run["log"].append({"iter": iter_num, **losses})
         write_log(run["out_dir"], run["log"])
     if run["wandb"]:
@@ -132,7 +135,7 @@ def train(config):
             if master:
                 rng.bit_generator.state = ckpt["rng"]["numpy"]
                 torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-                write_log(out_dir, log)  # the evaluations after the checkpoint were of weights it no longer has
+                write_log(out_dir, log)  # evaluations after the checkpoint were of weights it does not hold
             else:  # other processes: a fresh stream, not a replay of what they drew before
                 rng = np.random.default_rng([config["seed"], rank, iter_num])
             print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
@@ -216,7 +219,7 @@ def train(config):
 
 def main(argv):
     if {"-h", "--help"} & set(argv):
-        print(__doc__.strip() + "\n\nkeys (--key=value; a config file assigns them), with their defaults:\n" + key_help())
+        print(f"{__doc__.strip()}\n\nkeys (--key=value, or in a config file) and defaults:\n{key_help()}")
         return
     run_cli("train.py", lambda: train(load_config(argv)))
 

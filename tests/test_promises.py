@@ -1,5 +1,5 @@
-"""The promises of docs/reference.md ("Errors and promises"): nothing replaced without --overwrite, outputs guarded,
-numbers finite, one line per bad input (and no traceback), in every command that takes the input."""
+"""The promises of docs/reference.md ("Errors and promises"): nothing replaced without --overwrite, outputs
+guarded, numbers finite, one line per bad input (and no traceback), in every command that takes the input."""
 import argparse
 import json
 import shutil
@@ -158,8 +158,9 @@ def test_a_second_writer_of_the_same_outputs_is_refused(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     with open_locked(corpus / ".prepare.lock"):  # another prepare.py is writing a corpus there
-        one_line(error("prepare.py", text_prepare.prepare, texts(tmp_path / "a", "alpha"), None, "text", 300, 0.1, 1,
-                       corpus), "in use by another command")
+        alpha = texts(tmp_path / "a", "alpha")
+        one_line(error("prepare.py", text_prepare.prepare, alpha, None, "text", 300, 0.1, 1, corpus),
+                 "in use by another command")
         assert [p.name for p in corpus.iterdir()] == [".prepare.lock"]
 
 
@@ -174,7 +175,7 @@ def test_an_output_folder_that_cannot_be_written_fails_before_the_computation(da
 
 def test_the_log_after_a_resume_is_its_checkpoints(dataset, tmp_path):
     train.main(args(dataset, tmp_path, eval_interval=5))
-    with open(tmp_path / "log.jsonl", "a") as f:  # an evaluation after the checkpoint, then a line cut by kill -9
+    with open(tmp_path / "log.jsonl", "a") as f:  # an evaluation past the checkpoint, a line cut by kill -9
         f.write('{"iter": 15, "train": 9.0, "val": 9.0}\n{"iter": 20\n')
     train.main(args(dataset, tmp_path, eval_interval=5, max_iters=15, init_from="resume"))
     assert log_iters(tmp_path) == [0, 5, 10, 15] and weights(tmp_path)["log"] == [

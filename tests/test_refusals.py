@@ -58,7 +58,8 @@ def test_a_refused_overwrite_keeps_the_run_it_would_replace(dataset, tmp_path, m
     assert snapshot(run) == before
     monkeypatch.undo()
     train.main(args(dataset, run, max_iters=4, eval_interval=2, overwrite=True))  # on purpose: replaced
-    assert weights(run)["iter_num"] == 4 and log_iters(run) == [0, 2, 4] and not runtime.replaced(run).exists()
+    assert weights(run)["iter_num"] == 4 and log_iters(run) == [0, 2, 4]
+    assert not runtime.replaced(run).exists()
 
 
 def test_a_log_without_a_checkpoint_is_not_replaced_without_overwrite(dataset, tmp_path):
@@ -96,7 +97,7 @@ def test_a_killed_writers_temporary_files_are_removed_by_the_next_run(dataset, t
     dead, live = run / ".ckpt.pt.12345.tmp", run / ".ckpt.pt.12346.tmp"
     for f in (dead, live):
         f.write_bytes(b"x" * 1000)
-    with common.open_locked(live, "rb"):  # a writer holds its temporary file's lock until the file is in place
+    with common.open_locked(live, "rb"):  # a live writer holds its temporary file's lock
         train.main(args(dataset, run, max_iters=2, eval_interval=2))
     assert not dead.exists() and live.exists()
     corpus = Path(tmp_path / "corpus")
