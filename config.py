@@ -115,8 +115,7 @@ def load_config(argv):
 
 
 def check_schedule(config):
-    """The learning rate's schedule: a warmup, then a decay ending at lr_decay_iters (not given: at
-    max_iters)."""
+    """The learning rate's schedule: a warmup, then a decay ending at lr_decay_iters (else at max_iters)."""
     given, warmup = config["lr_decay_iters"], config["warmup_iters"]
     if given and given <= warmup:  # the decay would end before the warmup: the rate would drop to min_lr
         raise UserError(f"lr_decay_iters={given} ends the decay before warmup_iters={warmup} ends the "

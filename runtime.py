@@ -213,7 +213,7 @@ def settle_replaced(out_dir):
 
 
 def kept_folders(out_dir):
-    return sorted(p for p in out_dir.glob(KEPT + "*") if p.is_dir())
+    return sorted(p for p in out_dir.glob(KEPT + "*") if p.name[len(KEPT):].isdecimal() and p.is_dir())
 
 
 @contextmanager
@@ -234,9 +234,10 @@ def held_children(out_dir):
                                 f"--overwrite=True would remove it with {out_dir}; move it out first")
         yield
     finally:
-        for name, f in held:  # their lock files moved with the folder
+        folder = replaced(out_dir) if replaced(out_dir).exists() else out_dir  # the lock files moved with it
+        for name, f in held:
             with suppress(OSError):
-                (replaced(out_dir) / name).unlink()
+                (folder / name).unlink()
             f.close()
 
 
@@ -246,7 +247,7 @@ def replace_run(out_dir, config):
     if source != "resume" and Path(source).resolve().is_relative_to(out_dir.resolve()):
         raise UserError(f"init_from={source} is out_dir's own checkpoint, which --overwrite=True would "
                         f"replace: fine-tune into another --out_dir")
-    if others := sorted(p.name for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(KEPT)):
+    if others := sorted(p.name for p in out_dir.iterdir() if p.is_dir() and p not in kept_folders(out_dir)):
         raise UserError(f"{out_dir} holds folders besides its run's ({', '.join(others)}): --overwrite=True "
                         f"replaces the folder whole; give the new run a folder of its own")
     with held_children(out_dir):
@@ -311,8 +312,7 @@ def save_checkpoint(run, iter_num, best_val_loss):
 
 
 def write_log(folder, log):
-    """folder/log.jsonl, one line per evaluation, rewritten whole: a kill leaves the old file or the new
-    one."""
+    """folder/log.jsonl, one line per evaluation, written whole: a kill leaves the old file or the new one."""
     write_atomic(folder / "log.jsonl", lambda f: f.write("".join(json_text(e) + "\n" for e in log).encode()))
 
 

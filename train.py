@@ -15,7 +15,7 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import UserError, json_text, pick_device, run_cli
+from common import UserError, pick_device, run_cli
 from config import key_help, load_config, model_config
 from data.dataset import get_rows
 from data.synthetic import mix_retrieval, random_vocab, retrieval_check

@@ -119,6 +119,7 @@ def test_kept_checkpoints_are_runs_of_their_own(dataset, tmp_path, capsys):
     assert again["iter_num"] == 20 and all(torch.equal(end["model"][k], again["model"][k]) for k in end["model"])
     message = run_main(args(dataset, run, max_iters=3, overwrite=True))  # iter_5 is a run of its own now
     assert "iter_5 was trained on to iter 20" in message and weights(run / "iter_5")["iter_num"] == 20
+    assert not list(run.glob(".*.lock"))
     (run / "iter_5").rename(tmp_path / "continued")
     train.main(args(dataset, run, max_iters=3, overwrite=True))  # a replaced run's kept checkpoints go with it
     assert not list(run.glob("iter_*")) and weights(tmp_path / "continued")["iter_num"] == 20
