@@ -134,6 +134,16 @@ def test_a_kept_checkpoint_is_never_written_again(dataset, tmp_path, capsys):
     assert log_iters(run / "iter_20") == [0, 10, 20, 30, 40] and weights(run)["iter_num"] == 30
 
 
+def test_a_kept_checkpoint_is_built_aside_and_renamed_whole(dataset, tmp_path):
+    train.main(args(dataset, tmp_path, max_iters=10))
+    half = tmp_path / ".iter_20.tmp"  # a copy cut by kill -9
+    half.mkdir()
+    (half / "ckpt.pt").write_bytes(b"cut")
+    train.main(args(dataset, tmp_path, max_iters=20, keep_iters="(20,)", init_from="resume"))
+    assert weights(tmp_path / "iter_20")["iter_num"] == 20 and log_iters(tmp_path / "iter_20") == [0, 10, 20]
+    assert not half.exists()
+
+
 def test_a_file_named_like_a_kept_checkpoint_is_one_line(dataset, tmp_path):
     (tmp_path / "iter_10").write_text("my notes")
     one_line(run_main(args(dataset, tmp_path, keep_iters="(10,)")), f"{tmp_path / 'iter_10'} is a file",
