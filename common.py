@@ -2,6 +2,7 @@
 strict JSON. Data preparation and reporting import this and never the model (so never torch)."""
 import argparse
 import atexit
+import fcntl
 import json
 import math
 import os
@@ -186,36 +187,23 @@ def json_text(obj, indent=None):
 
 # ----------------------------------------------------------------------------- the one lock system
 
-def holder(pid, since):
-    """Whether process pid is alive and started before time `since` (a lock's or a temporary file's mtime): a pid
-    reused since (a restarted container, a later process) is not the one that wrote the file."""
-    try:
-        os.kill(pid, 0)
-    except PermissionError:  # alive, another user's
-        pass
-    except (OSError, OverflowError):  # no such process
-        return False
-    with suppress(OSError, ValueError, IndexError, StopIteration):  # no /proc (not Linux): alive is all we know
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: start, in ticks
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK") <= since + 1  # btime is whole seconds
-    return True
+def open_locked(path, mode="a+", wait=False):
+    """path opened, holding its exclusive flock; None where another open file holds it (wait: until it is
+    free). The lock is the operating system's: it goes when the file is closed or its process ends."""
+    while True:
+        f = open(path, mode)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.close()
+            return None
+        with suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+                return f
+        f.close()  # its holder removed it as we opened it: lock the file at path now
 
 
-def take_lock(lock):
-    """Write this process's pid into the file lock and return None; if a live process other than this one that was
-    running when the lock was written holds it, return its pid instead. Any other lock is stale and taken over."""
-    with suppress(OSError, ValueError):  # no lock, or no pid in it: stale
-        pid = int(lock.read_text())
-        if pid > 0 and pid != os.getpid() and holder(pid, lock.stat().st_mtime):
-            return pid
-    lock.unlink(missing_ok=True)  # stale, if there: its process has ended (killed, say)
-    with open(lock, "x") as f:  # O_CREAT | O_EXCL: FileExistsError if another process took it just now
-        f.write(str(os.getpid()))
-    return None
-
-
-_CLAIMED = []  # (lock, folders made for it) of claim_output, released by run_cli, write_all or at exit
+_CLAIMED = []  # (folder, lock path, its open file, folders made for it), released by run_cli, write_all, exit
 
 
 SOURCE_FOLDERS = ("configs", "data", "eval", "lab", "tests", ".git")  # the repository's own, beside its root
@@ -231,11 +219,11 @@ def source_folder(folder, corpus=False):
     return None
 
 
-def claim_output(folder, name, lock_name=None, in_use=None, option="--out", corpus=False):
-    """Make folder and hold folder/.<name>.lock (or lock_name) until the command ends: a second command writing the same
-    outputs there meanwhile is refused (in_use: what its error says), and a folder that cannot be written, or one of
-    the repository's own (source_folder; corpus: prepare.py's data/<name>), fails now, not after the whole computation.
-    option: the option that names the folder, for the advice."""
+def claim_output(folder, name, lock=None, in_use=None, option="--out", corpus=False):
+    """Make folder and hold the lock folder/.<name>.lock (or lock) until the command ends. A second command
+    writing the same outputs there meanwhile is refused (in_use: what its error says). A folder that cannot be
+    written, or one of the repository's own (source_folder; corpus: prepare.py's data/<name>), fails now, not
+    after the whole computation. option: the option that names the folder, for the advice."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"output folder {folder} is a file: choose another {option}")
@@ -244,62 +232,76 @@ def claim_output(folder, name, lock_name=None, in_use=None, option="--out", corp
                         f"folder, which holds its source{' and corpora' * (inside.name == 'data')}: choose another {option} "
                         "(out/... is meant for outputs)")
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    lock = folder / (lock_name or f".{name}.lock")
-    in_use = in_use or f"another command is writing its {name} outputs there; wait for it, or give another {option}"
+    lock = Path(lock or folder / f".{name}.lock")
+    if any(held == lock for _, held, _, _ in _CLAIMED):  # this process holds it already
+        return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if pid := take_lock(lock):
-            raise UserError(f"{folder} is in use by process {pid} ({lock}; not a ropelab command? delete it): {in_use}")
-    except FileExistsError:
-        raise UserError(f"{folder} is in use by another command ({lock}): {in_use}") from None
+        f = open_locked(lock)
     except OSError as e:  # read-only, or under a file: found now, not after the whole computation
-        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}); give another {option}") from None
-    _CLAIMED.append((lock, made))
+        raise UserError(f"output folder {folder} cannot be written ({e.strerror or e}: {e.filename}); "
+                        f"give another {option}") from None
+    if f is None:
+        in_use = in_use or f"another command writes its {name} outputs there; wait, or give another {option}"
+        raise UserError(f"{folder} is in use by {lock_holder(lock)} (its lock {lock}): {in_use}")
+    f.truncate(0)
+    f.write(f"{Path(sys.argv[0]).name or 'python'} (process {os.getpid()})")  # whom a refused command names
+    f.flush()
+    _CLAIMED.append((folder, lock, f, made))
     remove_leftovers(folder)
     return folder
 
 
+def lock_holder(lock):
+    """What holds lock, as its holder wrote it ("train.py (process 123)")."""
+    with suppress(OSError):
+        return Path(lock).read_text().strip() or "another command"
+    return "another command"
+
+
 def release_outputs(folder=None):
-    """Remove this process's output locks (in folder, or all), and the folders made for outputs that never came."""
-    for item in [c for c in _CLAIMED if folder is None or c[0].parent == Path(folder)]:
+    """Release this process's output locks (of folder, or all); remove folders made for no outputs."""
+    for item in [c for c in _CLAIMED if folder is None or c[0] == Path(folder)]:
         _CLAIMED.remove(item)
-        lock, made = item
-        with suppress(OSError):  # gone already, or taken over by another process: not ours to remove
-            if lock.read_text() == str(os.getpid()):
-                lock.unlink()
+        _, lock, f, made = item
         with suppress(OSError):
-            for f in made:
-                f.rmdir()  # only if empty
+            lock.unlink()  # before the lock goes: nobody else can hold it now
+        f.close()
+        with suppress(OSError):
+            for p in made:
+                p.rmdir()  # only if empty
 
 
 atexit.register(release_outputs)
+os.register_at_fork(after_in_child=_CLAIMED.clear)  # a forked worker holds no claim of its own to release
 
 
 # ----------------------------------------------------------------------------- the one atomic writer
 
 def remove_leftovers(folder):
-    """Remove the temporary files in folder (atomic's, .<name>.<pid>.tmp) whose writers ended without removing them (a
-    kill -9): the next command writing there cleans up after its dead predecessors."""
+    """Remove the temporary files in folder (atomic's, .<name>.<pid>.tmp) whose writers ended without removing
+    them (a kill -9): a writer holds its temporary file's lock until the file is in place."""
     for tmp in Path(folder).glob(".*.*.tmp"):
-        with suppress(OSError, ValueError):  # not a pid in the name, gone already, or a read-only folder
-            if not holder(int(tmp.name.split(".")[-2]), tmp.stat().st_mtime):
+        with suppress(OSError):  # gone already, a folder, or a read-only folder
+            if f := open_locked(tmp, "rb"):
                 tmp.unlink()
+                f.close()
 
 
 @contextmanager
-def atomic(path, buffering=-1):
-    """A file to write in place of path: a temp file beside it, synced and renamed over path when the block ends, removed
-    if it fails, so a crash leaves the old file or the new one (and the next write of path removes a dead writer's temp
-    file). buffering: open's (0: each write reaches the disk or raises, as a full disk's OSError)."""
+def atomic(path):
+    """A file to write in place of path: a temp file beside it, synced and renamed over path when the block
+    ends, removed if it fails. A crash leaves the old file or the new one (and the next write in that folder
+    removes a dead writer's temp file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
     remove_leftovers(path.parent)
     try:
-        with open(tmp, "wb", buffering=buffering) as f:
+        with open_locked(tmp, "wb", wait=True) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -93,7 +93,10 @@ def load_config(argv):
                 if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
                     set_key(config, key, value, arg)
     config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
-    config["lr_decay_iters"] = config["lr_decay_iters"] or config["max_iters"]  # a short run still decays to min_lr
+    check_schedule(config)
+    if config["overwrite"] and config["init_from"] == "resume":
+        raise UserError("overwrite=True replaces the run in out_dir, init_from='resume' continues it: "
+                        "give one of them")
     if late := [n for n in config["keep_iters"] if n > config["max_iters"]]:
         raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up to max_iters")
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
@@ -109,6 +112,20 @@ def load_config(argv):
         raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
                          f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
     return config
+
+
+def check_schedule(config):
+    """The learning rate's schedule: a warmup, then a decay ending at lr_decay_iters (else at max_iters)."""
+    given, warmup = config["lr_decay_iters"], config["warmup_iters"]
+    if given and given <= warmup:  # the decay would end before the warmup: the rate would drop to min_lr
+        raise UserError(f"lr_decay_iters={given} ends the decay before warmup_iters={warmup} ends the "
+                        f"warmup: use lr_decay_iters > {warmup}, or a shorter warmup")
+    config["lr_decay_iters"] = given or config["max_iters"]  # a short run still decays to min_lr
+
+
+def key_help():
+    """Every config key with its default, one a line (train.py --help)."""
+    return "\n".join(f"  --{key}={value!r}" for key, value in DEFAULTS.items())
 
 
 def model_config(config, vocab_size, train_len=None):

@@ -2,7 +2,6 @@
 folder a training writes. The torch-free helpers (errors, CLI, locks, atomic writes) are common.py's."""
 import importlib
 import io
-import json
 import os
 import shutil
 from contextlib import contextmanager, nullcontext, suppress
@@ -11,16 +10,16 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, atomic, claim_output, data_dir, release_outputs, write_atomic
+from common import (UserError, claim_output, data_dir, json_text, lock_holder, open_locked, release_outputs,
+                    write_atomic)
 from data.dataset import builtin, load_meta, load_split
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
-from wandb_runs import RUN_FILE
 
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
-RESUME_KEYS = ("optimizer", "best_val_loss", "rng")  # what a resume needs beyond the weights
+RESUME_KEYS = ("optimizer", "best_val_loss", "rng", "log")  # what a resume needs beyond the weights
 # how a run runs, not what it learns: the keys a resume or a study's reuse may change
 HOW_KEYS = ("out_dir", "init_from", "overwrite", "device", "dtype", "compile", "log_interval", "eval_interval",
             "eval_iters", "keep_iters", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
@@ -48,7 +47,12 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
 
 def load_checkpoint(path, device="cpu"):
     """Read a ckpt.pt written by train.py (path: the file or its run folder)."""
+    run = Path(path).parent if Path(path).suffix == ".pt" else Path(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
+    if not path.exists() and replaced(run).is_dir():
+        raise UserError(f"no checkpoint at {path}: an --overwrite=True was stopped before its first "
+                        f"checkpoint, and the run it replaces waits in {replaced(run)}; the next "
+                        f"train.py with --out_dir={run} puts it back")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
     try:
@@ -150,8 +154,12 @@ def start_checkpoint(config, meta, device):
     path = config["init_from"] if tune else Path(config["out_dir"])
     ckpt = load_checkpoint(path, device)
     if not tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):  # weights only, as tests/assets/copier.pt
-        raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only); fine-tune "
-                        f"from it instead: --init_from={path}/ckpt.pt --out_dir=<a new folder>")
+        raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only, "
+                        f"or an older train.py's); fine-tune from it instead: --init_from={path}/ckpt.pt "
+                        "--out_dir=<a new folder>")
+    if not tune and config["max_iters"] < (done := ckpt["iter_num"]):
+        raise UserError(f"max_iters={config['max_iters']} is below the iteration of {path}/ckpt.pt ({done}): "
+                        f"a resume trains on from there; give --max_iters={done} or more")
     args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
     train_len = checkpoint_config(ckpt).train_len  # the original training length: the first run's, through fine-tunes
     if tune:
@@ -180,54 +188,97 @@ def start_checkpoint(config, meta, device):
     return ckpt, origin
 
 
-RUN_FILES = ("ckpt.pt", "log.jsonl", "log.jsonl.rejected", RUN_FILE)  # a run's own files, which --overwrite=True replaces
-KEPT = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, which --overwrite=True replaces too
-REPLACED = ".replaced"  # where they wait until the new run's first checkpoint (then removed) or its failure (then back)
+KEPT = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, a run folder of its own
 
 
-def run_entries(folder):
-    """The names of a run's own files and kept checkpoints in folder."""
-    return [n for n in RUN_FILES if (folder / n).exists()] + sorted(p.name for p in folder.glob(KEPT + "*") if p.is_dir())
+def replaced(out_dir):
+    """Where --overwrite=True moves the run in out_dir, whole, until the new run's first checkpoint."""
+    home = Path(out_dir).resolve()
+    return home.with_name(f".{home.name}.replaced")
 
 
 def settle_replaced(out_dir):
-    """The run an --overwrite=True moved aside: removed once the new run has a checkpoint, else put back (the new run
-    failed, was refused or was killed before its first checkpoint), its new log removed."""
-    aside = out_dir / REPLACED
-    if not aside.is_dir():
+    """Finish an --overwrite=True from the two whole folders (each step is one rename or one removal, so a
+    kill leaves one of these states). The new run has its first checkpoint: the old run goes. Else (the new
+    run failed, was refused or was killed) the new folder goes and the old one is renamed back."""
+    old = replaced(out_dir)
+    if not old.exists():
         return
-    if (out_dir / "ckpt.pt").exists():
-        shutil.rmtree(aside)
+    if (out_dir / "ckpt.pt").exists():  # written atomically: there means complete
+        shutil.rmtree(old)
         return
-    for name in run_entries(out_dir):
-        shutil.rmtree(out_dir / name) if (out_dir / name).is_dir() else (out_dir / name).unlink()
-    for name in run_entries(aside):
-        os.replace(aside / name, out_dir / name)
-    aside.rmdir()
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(old, out_dir)
+
+
+def kept_folders(out_dir):
+    return sorted(p for p in out_dir.glob(KEPT + "*") if p.name[len(KEPT):].isdecimal() and p.is_dir())
+
+
+@contextmanager
+def held_children(out_dir):
+    """The locks of out_dir's kept checkpoints, held while out_dir is moved aside. A kept checkpoint trained
+    on (resumed in place, or training now) is a run of its own: refused in one line, never moved."""
+    held = []
+    try:
+        for kept in kept_folders(out_dir):
+            lock = kept.with_name(f".{kept.name}.lock")
+            if (f := open_locked(lock)) is None:
+                raise UserError(f"{kept} is in use by {lock_holder(lock)}: --overwrite=True would remove it "
+                                f"with {out_dir}; wait for it to end")
+            held.append((lock.name, f))
+            at = int(kept.name[len(KEPT):])
+            if (kept / "ckpt.pt").is_file() and (it := load_checkpoint(kept)["iter_num"]) != at:
+                raise UserError(f"{kept} was trained on to iter {it} (a run of its own now): "
+                                f"--overwrite=True would remove it with {out_dir}; move it out first")
+        yield
+    finally:
+        folder = replaced(out_dir) if replaced(out_dir).exists() else out_dir  # the lock files moved with it
+        for name, f in held:
+            with suppress(OSError):
+                (folder / name).unlink()
+            f.close()
+
+
+def replace_run(out_dir, config):
+    """Move the run in out_dir aside whole, one rename, for a new run (--overwrite=True)."""
+    source = config["init_from"]
+    if source != "resume" and Path(source).resolve().is_relative_to(out_dir.resolve()):
+        raise UserError(f"init_from={source} is out_dir's own checkpoint, which --overwrite=True would "
+                        f"replace: fine-tune into another --out_dir")
+    if others := sorted(p.name for p in out_dir.iterdir() if p.is_dir() and p not in kept_folders(out_dir)):
+        raise UserError(f"{out_dir} holds folders besides its run's ({', '.join(others)}): --overwrite=True "
+                        f"replaces the folder whole; give the new run a folder of its own")
+    with held_children(out_dir):
+        os.rename(out_dir, replaced(out_dir))
+    out_dir.mkdir()
 
 
 @contextmanager
 def run_folder(config):
-    """out_dir, made and locked (common.claim_output): out_dir/.lock holds the pid; a dead process's lock is taken over.
-    A new run into a folder holding one needs --overwrite=True, and replaces it only once its first checkpoint is
-    written: until then the old run waits in out_dir/.replaced, and comes back if the new one ends sooner."""
+    """out_dir, made and locked for one training: the lock .<name>.lock beside it, the operating system's (it
+    goes with its process). A new run into a folder holding one needs --overwrite=True, and replaces it only
+    once its first checkpoint is written: until then the old run waits whole in .<name>.replaced, and comes
+    back if the new one ends sooner."""
     out_dir = Path(config["out_dir"])
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
-    claim_output(out_dir, "train", lock_name=".lock", in_use="one training per out_dir", option="--out_dir")
+    home = out_dir.resolve()
+    claim_output(out_dir, "train", lock=home.with_name(f".{home.name}.lock"), option="--out_dir",
+                 in_use="one training per out_dir")
     try:
-        settle_replaced(out_dir)  # an earlier replacement killed half way
-        held = [name for name in RUN_FILES[:2] if (out_dir / name).exists()]
+        settle_replaced(out_dir)  # an earlier replacement stopped half way
+        held = [n for n in ("ckpt.pt", "log.jsonl") if (out_dir / n).exists()]
+        held += [p.name for p in kept_folders(out_dir)]
         if config["init_from"] != "resume" and held:
-            if config["overwrite"] and Path(config["init_from"]).resolve() in (out_dir.resolve(), (out_dir / "ckpt.pt").resolve()):
-                raise UserError(f"init_from={config['init_from']} is out_dir's own checkpoint, which --overwrite=True would "
-                                f"replace: fine-tune into another --out_dir")
             if not config["overwrite"]:
                 raise UserError(f"{out_dir} already holds a run ({', '.join(held)}): " + ("continue it with "
                                 "--init_from=resume, or " if "ckpt.pt" in held else "") + "replace it with --overwrite=True")
-            (out_dir / REPLACED).mkdir()
-            for name in run_entries(out_dir):  # a new run starts its log anew
-                os.replace(out_dir / name, out_dir / REPLACED / name)
+            replace_run(out_dir, config)
+        if files := [f"{KEPT}{n}" for n in config["keep_iters"] if (out_dir / f"{KEPT}{n}").is_file()]:
+            raise UserError(f"{out_dir / files[0]} is a file, where keep_iters keeps a checkpoint: move it, "
+                            f"or keep other iterations")
         yield out_dir
     finally:
         try:
@@ -239,64 +290,43 @@ def run_folder(config):
 
 
 def save_checkpoint(run, iter_num, best_val_loss):
-    """The training's state at iter_num into out_dir/ckpt.pt, with what it was trained from (its config after the
-    overrides, its data's identity, its origin: what a resume and a study's reuse compare against), atomically: the
-    earlier checkpoint stays if this one fails (a full disk is one line); then the run it replaces is removed. At one
-    of keep_iters it is also kept (keep_checkpoint)."""
+    """The training's state at iter_num into out_dir/ckpt.pt, atomically: the earlier checkpoint stays if this
+    one fails (a full disk is one line); then the run it replaces is removed. With it goes what the run was
+    trained from (its config after the overrides, its data's identity, its origin: what a resume and a study's
+    reuse compare against) and its log. At one of keep_iters it is also kept (keep_checkpoint)."""
     state = {"model": run["model"].state_dict(), "optimizer": run["optimizer"].state_dict(), "iter_num": iter_num,
              "model_args": asdict(run["model"].config), "best_val_loss": best_val_loss, "origin": run["origin"],
-             "config": run["config"], "data": data_identity(run["meta"]),
+             "config": run["config"], "data": data_identity(run["meta"]), "log": run["log"],
              "rng": {"numpy": run["rng"].bit_generator.state, "torch": torch.get_rng_state()}}
     path = run["out_dir"] / "ckpt.pt"
+    buffer = io.BytesIO()  # first: torch reports a failed write (a full disk) as a RuntimeError of its own
+    torch.save(state, buffer)
     try:
-        with atomic(path, buffering=0) as f:  # unbuffered: a full disk is an OSError, not torch's "unexpected pos"
-            torch.save(state, WholeWrites(f))
+        write_atomic(path, lambda f: f.write(buffer.getbuffer()))
     except OSError as e:
         raise OSError(f"cannot write {path} at iter {iter_num} ({e.strerror or e}): the checkpoint there is kept as "
                       f"it was; free some space and resume with --init_from=resume") from None
     settle_replaced(run["out_dir"])
     if iter_num in run["config"]["keep_iters"]:
-        keep_checkpoint(run["out_dir"], iter_num)
+        keep_checkpoint(run["out_dir"], iter_num, run["log"])
 
 
-def keep_checkpoint(out_dir, iter_num):
-    """out_dir's checkpoint and log at iter_num copied into out_dir/iter_<n>/, a run folder of its own: evaluated as any
-    run, resumed with --out_dir there (its wandb run id is not copied: a resume there logs a run of its own)."""
+def write_log(folder, log):
+    """folder/log.jsonl, one line per evaluation, written whole: a kill leaves the old file or the new one."""
+    write_atomic(folder / "log.jsonl", lambda f: f.write("".join(json_text(e) + "\n" for e in log).encode()))
+
+
+def keep_checkpoint(out_dir, iter_num, log):
+    """out_dir's checkpoint and log at iter_num as out_dir/iter_<n>/, a run folder of its own (evaluate it,
+    resume it in place), built under a temporary name and renamed whole. Never written again once there: a
+    resume of out_dir passing iter_num again leaves it as it is (a run may have trained on in it)."""
     folder = out_dir / f"{KEPT}{iter_num}"
-    folder.mkdir(exist_ok=True)
-    for name in ("ckpt.pt", "log.jsonl"):
-        with open(out_dir / name, "rb") as src:
-            write_atomic(folder / name, lambda f: shutil.copyfileobj(src, f))
-
-
-class WholeWrites(io.RawIOBase):
-    """A file whose every write is whole or an OSError (an unbuffered file may write part of one on a full disk)."""
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def writable(self):
-        return True
-
-    def write(self, data):
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[self.f.write(view):]
-        return len(data)
-
-
-def trim_log(path, iter_num):
-    """Keep the log lines up to a resume's checkpoint iter_num, rewritten atomically, so that none is written twice.
-    A line that is not a log entry (a kill -9 mid-write, an edit) is moved to log.jsonl.rejected, never dropped."""
-    def entry(line):
-        with suppress(ValueError, TypeError, KeyError):  # not JSON, not a dict, no iter
-            if isinstance(it := json.loads(line)["iter"], int):
-                return it
-        return None
-    lines = [(line, entry(line)) for line in path.read_text(errors="replace").splitlines()] if path.exists() else []
-    if bad := [line for line, it in lines if it is None and line.strip()]:
-        with open(path.with_name(path.name + ".rejected"), "a") as f:
-            f.write("".join(line + "\n" for line in bad))
-        print(f"{path}: {len(bad)} line(s) that are not log entries moved to {path.name}.rejected")
-    text = "".join(line + "\n" for line, it in lines if it is not None and it <= iter_num)
-    write_atomic(path, lambda f: f.write(text.encode()))
+    if folder.exists():
+        print(f"{folder} is kept already: a kept checkpoint is never written again")
+        return
+    tmp = out_dir / f".{folder.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed run's half-built one
+    tmp.mkdir()
+    shutil.copyfile(out_dir / "ckpt.pt", tmp / "ckpt.pt")
+    write_log(tmp, log)
+    os.rename(tmp, folder)

@@ -15,23 +15,25 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import UserError, json_text, pick_device, run_cli
-from config import load_config, model_config
+from common import UserError, pick_device, run_cli
+from config import key_help, load_config, model_config
 from data.dataset import get_rows
 from data.synthetic import mix_retrieval, random_vocab, retrieval_check
 from model import GPT
 from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
-                     training_data, trim_log)
+                     training_data, write_log)
 from wandb_runs import open_run
 
 # ----------------------------------------------------------------------------- training
 
 def lr_at(it, c):
-    if it < c["warmup_iters"]:
-        return c["learning_rate"] * (it + 1) / (c["warmup_iters"] + 1)
+    # a schedule no longer than its warmup (a short run) warms up over its first half, so that it still decays
+    warmup = c["warmup_iters"] if c["warmup_iters"] < c["lr_decay_iters"] else c["lr_decay_iters"] // 2
+    if it < warmup:
+        return c["learning_rate"] * (it + 1) / (warmup + 1)
     if it > c["lr_decay_iters"]:
         return c["min_lr"]
-    ratio = (it - c["warmup_iters"]) / max(1, c["lr_decay_iters"] - c["warmup_iters"])
+    ratio = (it - warmup) / max(1, c["lr_decay_iters"] - warmup)
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
@@ -61,28 +63,50 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
     return losses
 
 
+def rank0_losses(run):
+    """Rank 0's evaluation. With DDP its train and val losses are sent to every process (the others do not
+    evaluate), so that a non-finite loss stops each of them with the same line."""
+    losses = {}
+    if run["master"]:
+        losses = estimate_loss(run["model"], run["splits"], run["config"], run["ctx"], run["device"],
+                               run["copy_vocab"])
+    if run["ddp"]:
+        both = [losses.get("train", 0.0), losses.get("val", 0.0)]
+        shared = torch.tensor(both, dtype=torch.float64, device=run["device"])
+        torch.distributed.broadcast(shared, 0)
+        losses = losses or dict(train=shared[0].item(), val=shared[1].item())
+    return losses
+
+
 def evaluate_and_save(run, iter_num, lr, best_val_loss, saved):
     """Evaluate (printed, into log.jsonl and wandb) and checkpoint at iter_num: returns (best_val_loss, the iteration of
-    the last checkpoint). run: what train() set up."""
-    losses = estimate_loss(run["model"], run["splits"], run["config"], run["ctx"], run["device"], run["copy_vocab"])
+    the last checkpoint). run: what train() set up. Every process calls it; rank 0 writes."""
+    losses = rank0_losses(run)
     if not math.isfinite(losses["train"] + losses["val"]):  # NaN weights are no checkpoint
         raise UserError(f"the loss is not finite at iter {iter_num} (train {losses['train']}, val {losses['val']}): "
                         f"training diverged; lower learning_rate (now {run['config']['learning_rate']:g}) or raise "
                         f"warmup_iters" + ("" if saved is None else f" (the checkpoint at iter {saved} is kept)"))
     best_val_loss = min(best_val_loss, losses["val"])
+    if run["master"]:
+        report(run, iter_num, lr, losses)
+    if iter_num == 0 and 0 not in run["config"]["keep_iters"]:  # the starting point: a checkpoint if kept
+        return best_val_loss, saved
+    if run["master"]:
+        save_checkpoint(run, iter_num, best_val_loss)
+    return best_val_loss, iter_num
+
+
+def report(run, iter_num, lr, losses):
+    """An evaluation printed, into log.jsonl (and the checkpoint's log) and wandb."""
     retrieval = (f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else
                  f", mqar acc {losses['mqar_acc']:.3f}" if "mqar_acc" in losses else "")
     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{retrieval}")
-    if iter_num > run["logged"]:  # the eval curve, readable without wandb
-        with open(run["out_dir"] / "log.jsonl", "a") as f:
-            f.write(json_text({"iter": iter_num, **losses}) + "\n")
+    if not run["log"] or run["log"][-1]["iter"] < iter_num:  # a resume's first evaluation is logged already
+        run["log"].append({"iter": iter_num, **losses})
+        write_log(run["out_dir"], run["log"])
     if run["wandb"]:
         run["wandb"].log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in run["splits"] else f"val/{k}": v
                                                          for k, v in losses.items()}})
-    if iter_num == 0 and 0 not in run["config"]["keep_iters"]:  # the starting point: a checkpoint only when kept
-        return best_val_loss, saved
-    save_checkpoint(run, iter_num, best_val_loss)
-    return best_val_loss, iter_num
 
 
 def train(config):
@@ -104,15 +128,14 @@ def train(config):
 
         meta, splits = training_data(config, master, ddp)
         rng = np.random.default_rng(config["seed"] + rank)
-        iter_num, best_val_loss, logged = 0, float("inf"), -1
+        iter_num, best_val_loss, log = 0, float("inf"), []
         ckpt, origin = (None, None) if config["init_from"] == "scratch" else start_checkpoint(config, meta, device)
         if config["init_from"] == "resume":
-            iter_num = logged = ckpt["iter_num"]  # the log holds this iteration's evaluation already
-            best_val_loss = ckpt["best_val_loss"]
+            iter_num, best_val_loss, log = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log"]
             if master:
                 rng.bit_generator.state = ckpt["rng"]["numpy"]
                 torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-                trim_log(out_dir / "log.jsonl", iter_num)
+                write_log(out_dir, log)  # evaluations after the checkpoint were of weights it does not hold
             else:  # other processes: a fresh stream, not a replay of what they drew before
                 rng = np.random.default_rng([config["seed"], rank, iter_num])
             print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
@@ -142,7 +165,8 @@ def train(config):
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
         wandb_run = open_run(config, out_dir, new=config["init_from"] != "resume") if master and config["wandb_log"] else None
         run = dict(model=raw_model, optimizer=optimizer, splits=splits, config=config, ctx=ctx, device=device, meta=meta,
-                   copy_vocab=copy_vocab, out_dir=out_dir, logged=logged, wandb=wandb_run, origin=origin, rng=rng)
+                   copy_vocab=copy_vocab, out_dir=out_dir, log=log, wandb=wandb_run, origin=origin, rng=rng,
+                   master=master, ddp=ddp)
 
         # ------------------------------------------------------------------ the loop
         t0, timed_from = time.time(), iter_num
@@ -153,8 +177,7 @@ def train(config):
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 if iter_num % config["eval_interval"] == 0 or iter_num in (config["max_iters"], *config["keep_iters"]):
-                    if master:
-                        best_val_loss, saved = evaluate_and_save(run, iter_num, lr, best_val_loss, saved)
+                    best_val_loss, saved = evaluate_and_save(run, iter_num, lr, best_val_loss, saved)
                     t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
                 if iter_num >= config["max_iters"]:
                     break
@@ -195,6 +218,9 @@ def train(config):
 
 
 def main(argv):
+    if {"-h", "--help"} & set(argv):
+        print(f"{__doc__.strip()}\n\nkeys (--key=value, or in a config file) and defaults:\n{key_help()}")
+        return
     run_cli("train.py", lambda: train(load_config(argv)))
 
 

@@ -1,8 +1,7 @@
-"""Issue 34, the promises of docs/reference.md ("Errors and promises"): nothing replaced without --overwrite, outputs
+"""The promises of docs/reference.md ("Errors and promises"): nothing replaced without --overwrite, outputs
 guarded, numbers finite, one line per bad input (and no traceback), in every command that takes the input."""
 import argparse
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from eval import compare, extrapolate
 from lab import base_bound, context, curves, pairs, probes, study
 from eval.report import json_csv
 from model import GPT, GPTConfig
-from common import json_text, parse_number, parse_list, run_cli
+from common import json_text, open_locked, parse_number, parse_list, run_cli
 from test_safety import log_iters, one_line
-from test_train import args, run_main
+from test_train import args, run_main, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "rope_small.py")
@@ -150,15 +149,19 @@ def test_a_second_writer_of_the_same_outputs_is_refused(tmp_path):
     run = fake_report(tmp_path / "run", "run", 5.0)
     compare.main([str(run), "--out", str(tmp_path / "cmp")])
     before = files(tmp_path / "cmp")
-    (tmp_path / "cmp" / ".compare.lock").write_text(str(os.getppid()))  # a live process is writing them
-    one_line(error("compare.py", compare.main, [str(run), "--out", str(tmp_path / "cmp")]), f"in use by process {os.getppid()}")
-    assert files(tmp_path / "cmp") == {**before, ".compare.lock": str(os.getppid()).encode()}
+    with open_locked(tmp_path / "cmp" / ".compare.lock") as lock:  # another command is writing them
+        lock.write("compare.py (process 4242)")
+        lock.flush()
+        one_line(error("compare.py", compare.main, [str(run), "--out", str(tmp_path / "cmp")]),
+                 "in use by compare.py (process 4242)", ".compare.lock")
+        assert files(tmp_path / "cmp") == {**before, ".compare.lock": b"compare.py (process 4242)"}
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / ".prepare.lock").write_text(str(os.getppid()))  # another prepare.py is writing a corpus there
-    one_line(error("prepare.py", text_prepare.prepare, texts(tmp_path / "a", "alpha"), None, "text", 300, 0.1, 1, corpus),
-             f"in use by process {os.getppid()}")
-    assert [p.name for p in corpus.iterdir()] == [".prepare.lock"]
+    with open_locked(corpus / ".prepare.lock"):  # another prepare.py is writing a corpus there
+        alpha = texts(tmp_path / "a", "alpha")
+        one_line(error("prepare.py", text_prepare.prepare, alpha, None, "text", 300, 0.1, 1, corpus),
+                 "in use by another command")
+        assert [p.name for p in corpus.iterdir()] == [".prepare.lock"]
 
 
 def test_an_output_folder_that_cannot_be_written_fails_before_the_computation(dataset, tmp_path, monkeypatch):
@@ -170,13 +173,13 @@ def test_an_output_folder_that_cannot_be_written_fails_before_the_computation(da
         one_line(error(prog, main, [str(run), "--out", str(tmp_path / "file" / "out"), "--device", "cpu"]), "cannot be written")
 
 
-def test_a_log_line_that_is_not_json_is_kept_on_resume(dataset, tmp_path, capsys):
+def test_the_log_after_a_resume_is_its_checkpoints(dataset, tmp_path):
     train.main(args(dataset, tmp_path, eval_interval=5))
-    with open(tmp_path / "log.jsonl", "a") as f:
-        f.write('{"iter": 1\nnot json\n')  # a line cut by kill -9, and an edit
+    with open(tmp_path / "log.jsonl", "a") as f:  # an evaluation past the checkpoint, a line cut by kill -9
+        f.write('{"iter": 15, "train": 9.0, "val": 9.0}\n{"iter": 20\n')
     train.main(args(dataset, tmp_path, eval_interval=5, max_iters=15, init_from="resume"))
-    assert "2 line(s) that are not log entries moved to log.jsonl.rejected" in capsys.readouterr().out
-    assert (tmp_path / "log.jsonl.rejected").read_text() == '{"iter": 1\nnot json\n' and log_iters(tmp_path) == [0, 5, 10, 15]
+    assert log_iters(tmp_path) == [0, 5, 10, 15] and weights(tmp_path)["log"] == [
+        json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------------- numbers finite, JSON strict
@@ -258,7 +261,7 @@ def test_ctrl_c_in_training_says_where_and_how_to_resume(dataset, tmp_path, monk
     code, _, err = interrupted(train.main, args(dataset, tmp_path, eval_interval=5), capsys)
     assert code == 130 and err.strip() == ("train.py: interrupted at iter 7; resume with --init_from=resume "
                                            "(from its checkpoint at iter 5)")
-    assert not (tmp_path / ".lock").exists()
+    assert not tmp_path.with_name(f".{tmp_path.name}.lock").exists()
     train.main(args(dataset, tmp_path, eval_interval=5, init_from="resume"))
     assert log_iters(tmp_path) == [0, 5, 10]
 

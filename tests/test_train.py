@@ -117,8 +117,12 @@ def test_kept_checkpoints_are_runs_of_their_own(dataset, tmp_path, capsys):
     train.main(args(dataset, run / "iter_5", max_iters=20, keep_iters="(0, 5, 20)", init_from="resume"))  # resumed there
     again = weights(run / "iter_5")
     assert again["iter_num"] == 20 and all(torch.equal(end["model"][k], again["model"][k]) for k in end["model"])
+    message = run_main(args(dataset, run, max_iters=3, overwrite=True))  # iter_5 is a run of its own now
+    assert "iter_5 was trained on to iter 20" in message and weights(run / "iter_5")["iter_num"] == 20
+    assert not list(run.glob(".*.lock"))
+    (run / "iter_5").rename(tmp_path / "continued")
     train.main(args(dataset, run, max_iters=3, overwrite=True))  # a replaced run's kept checkpoints go with it
-    assert not list(run.glob("iter_*"))
+    assert not list(run.glob("iter_*")) and weights(tmp_path / "continued")["iter_num"] == 20
 
 
 def test_resume_rejects_a_mismatched_or_corrupted_checkpoint(dataset, tmp_path):
