@@ -344,10 +344,12 @@ def plot(rungs, per_rung):
             ax.plot([1, 2, 4], [np.mean(same[f"{spec}@{k}L"]) for k in (1, 2, 4)], "o-", color=color, label=spec)
             ax.plot([1, 2, 4], [np.mean(swapped[f"{spec}@{k}L"]) for k in (1, 2, 4)], ":", color=color)
         ax.axhline(np.mean(same["crop"]), color="k", ls="--", label="exact crop")
+        ax.axhline(np.mean(swapped["crop"]), color="k", ls=":", label="exact crop, swapped prefix")
         ax.axhline(np.mean(same["none@1L"]), color="grey", ls="-.", label="RoPE as trained at L (whole window)")
         ax.set(xscale="log", xticks=[1, 2, 4], xticklabels=["L", "2L", "4L"], xlabel="input (multiples of L)",
                ylabel="NLL of the final L targets", title=f"{rung}: bojone's protocol (dotted: swapped prefix)")
-        ax.legend(fontsize=7)
+        ax.minorticks_off()
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return png(fig)
 
 
