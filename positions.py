@@ -1,16 +1,18 @@
-"""The position methods of one forward: how a method (Method, built by eval/methods.py) treats positions, turned once
-per forward into each kind of layer's Positions, whose variant attends: plain SDPA (causal, masked by a window, or
-biased by ALiBi), with StreamingLLM's rotated sinks, merged near and far rotations (ReRoPE, Self-Extend), or exact
-causal dynamic scaling. Also the encodings added to the input (sinusoidal) and ALiBi's bias; model.py holds the GPT."""
+"""How positions enter attention. eval/methods.py turns a method's name into a Method; forward_positions turns a Method
+into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies it: SDPA
+(causal, masked by a window, or biased by ALiBi), with StreamingLLM's rotated sinks, near and far rotations merged
+(ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to the input;
+model.py holds the GPT."""
+import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from rope import apply_rope, rope_cos_sin
+from rope import ROPE_TYPES, apply_rope, causal_dynamic_frequencies, rope_cos_sin, rope_tables, scaling_type
 
 
 @dataclass(frozen=True)
@@ -111,24 +113,7 @@ def far_positions(T, Tk, window, group, device=None):
     return (q // group + window - window // group).clamp(max=Tk - 1), k // group
 
 
-def leaky_positions(T, Tk, method, device):
-    """Leaky ReRoPE (Su 2023) with frequencies / k: query i at i + w(k - 1), key j at j, so a distance d >= w becomes
-    w + (d - w) / k. (queries [T], keys [Tk])."""
-    shift = method.extend[0] * (method.leak - 1)
-    return torch.arange(Tk - T, Tk, device=device) + shift, torch.arange(Tk, device=device)
-
-
-# ----------------------------------------------------------------------------- the attention variants
-
-class Attend(nn.Module):
-    """softmax(q k^T / sqrt(d) + mask) v: a module so that a probe can read its inputs with a forward hook."""
-
-    def forward(self, q, k, v, mask, dropout_p):
-        if mask is not None and mask.dim() == 3:  # ALiBi's [H, T, Tk] as [1, H, T, Tk]: SDPA's fused CPU kernel takes
-            mask = mask[None]  # it so, and falls back to a 6x slower path for a 3-D mask (measured at 4096 tokens)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.size(2) > 1,
-                                              dropout_p=dropout_p)
-
+# ----------------------------------------------------------------------------- attention
 
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     """Attention whose logit for query i and key j is q_near . k_near where i - j < window, q_far . k_far beyond
@@ -169,29 +154,41 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     return torch.cat(out[::-1], dim=2)
 
 
-class Positions(NamedTuple):
-    """What one kind of layer (RoPE, NoPE) does with positions in one forward, built once by layer_positions: rotation
-    tables [Tk, head_dim] (None: no rotation), the mask (None: causal; bool [T, Tk]: the keys each query sees; float
-    [H, T, Tk]: ALiBi's bias), per-query scales [T, 1] (log-n; SSMax's log of the keys seen), and the variant that
-    attends with them, given its own tables in `extra`."""
-    variant: Callable
-    cos: torch.Tensor | None = None
-    sin: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
-    q_scale: torch.Tensor | None = None
-    log_n: torch.Tensor | None = None
-    layout: str = "half"
-    extra: tuple = ()
+# ----------------------------------------------------------------------------- one forward's positions
 
-    def rotated(self, q, k):
-        if self.cos is None:
-            return q, k
-        Tk, T = k.size(2), q.size(2)  # the T queries are the last T of Tk positions
-        return apply_rope(q, self.cos[Tk - T:], self.sin[Tk - T:], self.layout), apply_rope(k, self.cos, self.sin, self.layout)
+class Rotation(NamedTuple):
+    """cos and sin tables (rope.rope_cos_sin) for the T queries [T, head_dim] and the Tk keys [Tk, head_dim]."""
+    q_cos: torch.Tensor
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor
+    k_sin: torch.Tensor
+
+
+class Positions(NamedTuple):
+    """What one kind of layer (RoPE, NoPE) does with positions in one forward; forward_positions builds it, `attention`
+    applies it. Fields a layer's method does not use stay None (or 0)."""
+    mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys each query sees; float [H, T, Tk]: ALiBi's
+    q_scale: torch.Tensor | None = None  # [T, 1] log-n's logit scale per query
+    log_n: torch.Tensor | None = None  # [T, 1] log of the keys each query sees: SSMax's, times its learned s_h
+    layout: str = "half"  # rope.apply_rope's
+    rotation: Rotation | None = None  # q and k at their own positions
+    far: Rotation | None = None  # ReRoPE, Self-Extend, leaky ReRoPE: for the pairs at least far_window apart
+    far_window: int = 0
+    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position, sink_cos / sink_sin [T, D]
+    sink_cos: torch.Tensor | None = None
+    sink_sin: torch.Tensor | None = None
+    dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t the length t + 1's
+    dynamic_attention: torch.Tensor | None = None  # and its attention factor per pair [head_dim / 2]
 
     def scales(self, ssmax):
         """Each query's logit scales (and head's, SSMax's s_h): before or after the rotation alike."""
         return [s for s in (self.q_scale, None if ssmax is None else ssmax[:, None, None] * self.log_n) if s is not None]
+
+
+def rotated(q, k, rotation, layout):
+    if rotation is None:
+        return q, k
+    return apply_rope(q, rotation.q_cos, rotation.q_sin, layout), apply_rope(k, rotation.k_cos, rotation.k_sin, layout)
 
 
 def scaled(q, scales):
@@ -200,65 +197,111 @@ def scaled(q, scales):
     return q
 
 
-def plain(pos, q, k, v, ssmax, attend, dropout):
-    """SDPA over the rotated q and k: causal, masked (a window, sinks without rotation) or biased (ALiBi)."""
-    q, k = pos.rotated(q, k)
-    mask = pos.mask.to(q.dtype) if pos.mask is not None and pos.mask.is_floating_point() else pos.mask
-    return attend(scaled(q, pos.scales(ssmax)), k, v, mask, dropout)
-
-
-def with_sinks(pos, q, k, v, ssmax, attend, dropout):
-    """StreamingLLM with RoPE: the sink keys see the query at its cache position, a second rotation of q."""
-    (n, cos, sin), D = pos.extra, q.size(-1)
-    unrotated, (q, k) = q, pos.rotated(q, k)
-    sink = (torch.arange(k.size(2), device=k.device) < n)[:, None]
-    # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
-    q = torch.cat((q, apply_rope(unrotated, cos, sin, pos.layout)), dim=-1) * math.sqrt(2)
-    k = torch.cat((k * ~sink, k * sink), dim=-1)
-    v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
-    return attend(scaled(q, pos.scales(ssmax)), k, v, pos.mask, dropout)[..., :D]
-
-
-def merged(pos, q, k, v, ssmax, attend, dropout):
-    """ReRoPE / Self-Extend: the same q and k rotated at their own positions near, at the far pairs' beyond the window."""
-    q_cos, q_sin, k_cos, k_sin, window = pos.extra
-    q_far, k_far = apply_rope(q, q_cos, q_sin, pos.layout), apply_rope(k, k_cos, k_sin, pos.layout)
-    q, k = pos.rotated(q, k)
+def attention(q, k, v, pos, ssmax=None, dropout=0.0):
+    """softmax(q k^T / sqrt(d) + mask) v for q [B, H, T, D] and k, v [B, H, Tk, D] (the queries are the last T of the Tk
+    positions), unrotated: rotated, scaled and masked as `pos` says. ssmax: SSMax's s_h [H] (None: plain softmax)."""
     scales = pos.scales(ssmax)
-    return merged_attention(scaled(q, scales), k, scaled(q_far, scales), k_far, v, window, pos.mask)
+    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
+        return causal_dynamic_attention(scaled(q, scales), k, v, pos.dynamic_freq, pos.dynamic_attention, pos.mask,
+                                        pos.layout)
+    if pos.far is not None:  # the same q and k rotated at their own positions near, at the far pairs' beyond
+        q_far, k_far = rotated(q, k, pos.far, pos.layout)
+        q, k = rotated(q, k, pos.rotation, pos.layout)
+        return merged_attention(scaled(q, scales), k, scaled(q_far, scales), k_far, v, pos.far_window, pos.mask)
+    unrotated, (q, k), width, mask = q, rotated(q, k, pos.rotation, pos.layout), v.size(-1), pos.mask
+    if pos.sinks:  # the sinks see the query at its cache position: a second rotation of q
+        sink = (torch.arange(k.size(2), device=k.device) < pos.sinks)[:, None]
+        # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
+        q = torch.cat((q, apply_rope(unrotated, pos.sink_cos, pos.sink_sin, pos.layout)), dim=-1) * math.sqrt(2)
+        k = torch.cat((k * ~sink, k * sink), dim=-1)
+        v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
+    elif mask is not None and mask.is_floating_point():  # ALiBi's [H, T, Tk] as [1, H, T, Tk]: SDPA's fused CPU
+        mask = mask.to(q.dtype)[None]  # kernel takes it so, and falls back to a 6x slower path for a 3-D mask
+    return F.scaled_dot_product_attention(scaled(q, scales), k, v, attn_mask=mask, dropout_p=dropout,
+                                          is_causal=mask is None and q.size(2) > 1)[..., :width]
 
 
-def causal_dynamic(pos, q, k, v, ssmax, attend, dropout):
-    """Exact causal dynamic scaling: rotates q and k itself, a frequency set per query."""
-    return causal_dynamic_attention(scaled(q, pos.scales(ssmax)), k, v, *pos.extra, pos.mask, pos.layout)
+class Attend(nn.Module):
+    """`attention` as a module, so that a probe can read its inputs with a forward hook (attention_weights)."""
+
+    def forward(self, q, k, v, pos, ssmax, dropout):
+        return attention(q, k, v, pos, ssmax, dropout)
 
 
-def layer_positions(method, rotary, start, T, config, device, slow=None):
-    """The Positions of one kind of layer over T queries after `start` cached ones: rotary, the rope.Rotary of one
-    forward (None for a layer without rotation); slow: leaky ReRoPE's, frequencies / k (GPT.forward). A RoPE layer with a rope_window attends within the smaller of it and
-    the method's window, keeping the method's sinks only where that is the method's (a layer trained local never saw
-    far-off sinks)."""
+def attention_weights(q, k, v, pos, ssmax=None, dropout=0.0):
+    """The attention probabilities [B, H, T, Tk] of `attention` over the same inputs (Attend's): its output for v the
+    identity, whichever way it attends."""
+    eye = torch.eye(k.size(2), dtype=v.dtype, device=v.device).expand(*k.shape[:2], -1, -1)
+    return attention(q, k, eye, pos, ssmax)
+
+
+def forward_positions(method, config, start, T, kinds, device, cache):
+    """{nope: Positions} for the kinds of layer a GPT has (False: RoPE or the model's encoding, True: a NoPE layer of
+    a RoPE model) over T queries after `start` cached ones: every table one forward needs, built here once."""
+    tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
+    return {nope: layer_positions(method, None if nope else tables, start, T, config, device) for nope in kinds}
+
+
+def cached_tables(method, config, n, device, cache):
+    """rope.py's tables over positions [0, n): (cos, sin) [n, head_dim], or under exact causal dynamic scaling
+    (frequencies [n, head_dim / 2], attention per pair). Cached per scaling and device in `cache` (a host-to-device
+    copy per forward stalls a GPU): a length's tables are the first rows of a longer one's, unless the frequencies
+    follow the length."""
+    scaling, dynamic = method.rope_scaling, method.causal_dynamic
+    follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
+    # no json for training's scaling=None: torch.compile cannot trace json.dumps, and would split the graph there
+    name = None if scaling is None else json.dumps(scaling, sort_keys=True, default=repr)
+    key = (name, dynamic, str(device), n if follows else None)
+    if key not in cache or cache[key][0] < n:
+        if len(cache) >= 64:  # many lengths of a dynamic scaling (generation): start again
+            cache.clear()
+        cache[key] = n, (causal_dynamic_frequencies(config, scaling, n, device) if dynamic
+                         else rope_tables(config, scaling, n, torch.arange(n, device=device)))
+    tables = cache[key][1]
+    return tables if dynamic else (tables[0][:n], tables[1][:n])
+
+
+def far_rotation(method, config, cos, sin, start, T, device):
+    """The rotation of the pairs at least method.extend's window apart, given the near tables cos, sin [Tk, head_dim]."""
+    (window, group), Tk = method.extend, start + T
+    if not method.leak:
+        at_q, at_k = far_positions(T, Tk, window, group, device)
+        return Rotation(cos[at_q], sin[at_q], cos[at_k], sin[at_k])
+    # leaky ReRoPE (Su 2023): the run's own frequencies / k, query i at i + w(k - 1), key j at j, so that a distance
+    # d >= w becomes w + (d - w) / k
+    queries = torch.arange(start, Tk, device=device) + window * (method.leak - 1)
+    q_cos, q_sin = rope_tables(config, None, Tk, queries, slowdown=method.leak)
+    return Rotation(q_cos, q_sin, *rope_tables(config, None, Tk, torch.arange(Tk, device=device), slowdown=method.leak))
+
+
+def layer_positions(method, tables, start, T, config, device):
+    """The Positions of one kind of layer over T queries after `start` cached ones; tables: cached_tables' (None for a
+    layer without rotation). A RoPE layer with a rope_window attends within the smaller of it and the method's window,
+    keeping the method's sinks only where that is the method's (a layer trained local never saw far-off sinks)."""
+    rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
-    if rotary is not None and config.rope_window and not (window and window < config.rope_window):
+    if rope and config.rope_window and not (window and window < config.rope_window):
         window, sinks = config.rope_window, 0
-    cos, sin, per_query = rotary or (None, None, None)
     seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees: causal, within the window
     seen = seen.clamp(max=window) if window else seen
+    dynamic = rope and method.causal_dynamic
     if config.pos_emb == "alibi":
         mask = alibi_bias(alibi_slopes(config.n_head), T, Tk, window, device, sinks)
-    elif per_query is not None or (window and window < Tk) or T not in (1, Tk):
+    elif dynamic or (window and window < Tk) or T not in (1, Tk):
         mask = visible(T, Tk, window, device, sinks)
     else:  # SDPA's causal flag does it
         mask = None
-    variant, extra = plain, ()
-    if per_query is not None:
-        variant, extra = causal_dynamic, per_query
-    elif method.extend and cos is not None:
-        far_cos, far_sin = (cos, sin) if slow is None else (slow.cos, slow.sin)
-        at_q, at_k = far_positions(T, Tk, *method.extend, device) if slow is None else leaky_positions(T, Tk, method, device)
-        variant, extra = merged, (far_cos[at_q], far_sin[at_q], far_cos[at_k], far_sin[at_k], method.extend[0])
-    elif sinks and cos is not None:
+    common = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
+                       seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
+    if not rope:
+        return common
+    if dynamic:
+        return common._replace(dynamic_freq=tables[0], dynamic_attention=tables[1])
+    cos, sin = tables
+    common = common._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
+    if method.extend:
+        return common._replace(far=far_rotation(method, config, cos, sin, start, T, device), far_window=method.extend[0])
+    if sinks:
         at = cache_positions(T, Tk, window, device)
-        variant, extra = with_sinks, (sinks, cos[at], sin[at])
-    return Positions(variant, cos, sin, mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
-                     seen.float().log()[:, None] if config.ssmax else None, config.rope_layout, extra)
+        return common._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
+    return common

@@ -160,11 +160,12 @@ def rotating_pairs(head_dim, fraction):
     return head_dim // 2 if fraction is None else round(fraction * (head_dim // 2))
 
 
-def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
+def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, slowdown=1):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict (checked where it came in:
     config.check_scaling). seq_len is the length of the sequence being processed (the types that follow it use it).
     A "rope_theta" in the dict (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating
-    pairs (None: all); with a partial_rotary_factor too, a pair rotates only if both let it."""
+    pairs (None: all); with a partial_rotary_factor too, a pair rotates only if both let it. slowdown: every
+    frequency divided by it, in float64 as the scaling methods divide."""
     scaling = scaling or {}
     kind = ROPE_TYPES[scaling_type(scaling)]
     # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it, not head_dim
@@ -176,33 +177,37 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - len(inv_freq))))
     inv_freq[rotary // 2:] = 0
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return inv_freq.float(), float(attention_factor)
+    return (inv_freq / slowdown).float(), float(attention_factor)
 
 
-class Rotary(NamedTuple):
-    """RoPE for one forward over positions [0, seq_len), for every rotating layer: rope_cos_sin's tables [seq_len, head_dim]
-    or (exact causal dynamic) per_query = (inv_freq [seq_len, head_dim/2] (row t: length t + 1's), attention [head_dim/2])."""
-    cos: torch.Tensor | None
-    sin: torch.Tensor | None
-    per_query: tuple | None
+def frequencies(config, scaling=None, seq_len=None, slowdown=1):
+    """rope_frequencies of a GPTConfig's RoPE with a method's rope_scaling (None: the trained one), completed by
+    complete_scaling. slowdown: every frequency divided by it (leaky ReRoPE's far pairs)."""
+    full = complete_scaling(scaling, config.rope_scaling, config.block_size)
+    return rope_frequencies(config.n_embd // config.n_head, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
 
 
-def rotary(head_dim, base, fraction, layout, scaling, seq_len, causal_dynamic, device):
-    """The Rotary of a completed scaling dict (complete_scaling; None: plain RoPE) over seq_len tokens."""
-    if causal_dynamic:
-        freqs = [rope_frequencies(head_dim, base, scaling, n, fraction) for n in range(1, seq_len + 1)]
-        attention = pair_attention(head_dim, scaling, freqs[-1][1])
-        return Rotary(None, None, (torch.stack([f for f, _ in freqs]).to(device), attention.to(device)))
-    inv_freq, attention_factor = rope_frequencies(head_dim, base, scaling, seq_len, fraction)
-    attention = pair_attention(head_dim, scaling, attention_factor)
-    cos, sin = rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention.to(device), layout)
-    return Rotary(cos, sin, None)
+def rope_tables(config, scaling, seq_len, positions, slowdown=1):
+    """rope_cos_sin's tables [len(positions), head_dim] of a GPTConfig's RoPE at `positions` (on their device), with
+    a method's rope_scaling (None: the trained one) for a forward of seq_len tokens; slowdown as in frequencies."""
+    inv_freq, attention_factor = frequencies(config, scaling, seq_len, slowdown)
+    attention = pair_attention(config, scaling, attention_factor).to(positions.device)
+    return rope_cos_sin(inv_freq.to(positions.device), positions, attention, config.rope_layout)
 
 
-def pair_attention(head_dim, scaling, attention_factor):
+def causal_dynamic_frequencies(config, scaling, seq_len, device):
+    """Exact causal dynamic scaling's frequencies [seq_len, head_dim / 2] (row t: length t + 1's) and attention
+    factor per pair [head_dim / 2] (the full length's), for positions.causal_dynamic_attention."""
+    freqs = [frequencies(config, scaling, n) for n in range(1, seq_len + 1)]
+    attention = pair_attention(config, scaling, freqs[-1][1])
+    return torch.stack([f for f, _ in freqs]).to(device), attention.to(device)
+
+
+def pair_attention(config, scaling, attention_factor):
     """The attention factor per pair [head_dim // 2] for rope_cos_sin: transformers scales only the rotary dims' cos
     and sin, so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
-    rotary = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0)) // 2
+    head_dim, full = config.n_embd // config.n_head, complete_scaling(scaling, config.rope_scaling, config.block_size)
+    rotary = int(head_dim * (full or {}).get("partial_rotary_factor", 1.0)) // 2
     return torch.tensor([attention_factor] * rotary + [1.0] * (head_dim // 2 - rotary))
 
 

@@ -99,7 +99,7 @@ def leaky(w, k):  # Leaky ReRoPE (Su 2023): exact within w, beyond it the distan
 
 @pytest.mark.parametrize("T, window, k", [(12, 4, 2), (13, 5, 3), (9, 1, 4)])
 def test_leaky_rerope_is_the_hand_built_one(T, window, k):
-    # the model's construction (GPT.layer_positions): far pairs with frequencies / k, queries moved w(k - 1) on
+    # the model's construction (positions.far_rotation): far pairs with frequencies / k, queries moved w(k - 1) on
     torch.manual_seed(0)
     D = 8
     q, k_, v = (torch.randn(1, 1, T, D, dtype=torch.float64) for _ in range(3))

@@ -18,7 +18,7 @@ from lab.bound import first_negative, trained_freq
 from lab.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig
 from positions import visible
-from rope import apply_rope
+from rope import apply_rope, rope_tables
 from runtime import model_from_checkpoint
 
 
@@ -170,8 +170,10 @@ def test_attention_entropy_of_uniform_attention_is_log_of_the_keys_seen():
     # q = 0: every visible key gets the same weight, so query t (seeing t + 1 keys) has entropy log(t + 1);
     # a window of 3 caps it at log 3
     q, k = torch.zeros(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
-    assert attention_entropy(q, k, visible(6, 6, None, "cpu")).tolist() == pytest.approx(np.log(np.arange(1, 7)), abs=1e-5)
-    capped = attention_entropy(q, k, visible(6, 6, 3, "cpu")).tolist()
+    def weights(window):
+        return (q @ k.transpose(-1, -2)).masked_fill(~visible(6, 6, window, "cpu"), float("-inf")).softmax(-1)
+    assert attention_entropy(weights(None)).tolist() == pytest.approx(np.log(np.arange(1, 7)), abs=1e-5)
+    capped = attention_entropy(weights(3)).tolist()
     assert capped == pytest.approx(np.log([1, 2, 3, 3, 3, 3]), abs=1e-5)
 
 
@@ -184,7 +186,7 @@ def test_the_entropy_recorded_in_a_forward_matches_an_explicit_softmax():
         model(idx)
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, _ = (t.view(1, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(x).split(16, dim=2))
-        cos, sin, _ = model.rotary(16, None, False, "cpu")
+        cos, sin = rope_tables(model.config, None, 16, torch.arange(16))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         p = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).masked_fill(~visible(16, 16, None, "cpu"), float("-inf")).softmax(-1)
     expected = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
