@@ -14,6 +14,9 @@ from torch.nn import functional as F
 
 from rope import ROPE_TYPES, apply_rope, causal_dynamic_frequencies, rope_cos_sin, rope_tables, scaling_type
 
+SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
+MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score: sinks keeps SINKS and one more
+
 
 @dataclass(frozen=True)
 class Method:

@@ -16,6 +16,7 @@ import torch
 ORIGINAL = "original_max_position_embeddings"
 COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", ORIGINAL)
 LAYOUTS = ("half", "interleaved")
+YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # transformers' defaults, in rotations over the original length
 
 
 def default_inv_freq(dim, base):
@@ -105,8 +106,8 @@ def longrope(dim, base, scaling, seq_len):
 def yarn(dim, base, scaling, seq_len):
     # "attention_factor": 1.0 makes it NTK-by-parts (no temperature); a missing one falls back to YaRN's temperature
     s = factor_of(scaling)
-    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], scaling.get("beta_fast") or 32.0,
-                             scaling.get("beta_slow") or 1.0, scaling.get("truncate", True))
+    betas = [scaling.get(key) or default for key, default in YARN_BETAS.items()]
+    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], *betas, scaling.get("truncate", True))
     return inv_freq, scaling.get("attention_factor") or yarn_attention_factor(s, scaling.get("mscale"),
                                                                                scaling.get("mscale_all_dim"))
 

@@ -6,11 +6,10 @@ from typing import Callable, NamedTuple
 
 from common import MAX_FACTOR, UserError, parse_number
 from model import POS_EMBS
-from positions import Method
-from rope import ORIGINAL
+from positions import SINKS, Method
+from rope import ORIGINAL, YARN_BETAS
 
 ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only, so a mask can move them
-SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
 BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
 INTEGER = ("window", "group", "k")  # settings that count tokens (or a group size, a slowdown): the rest are numbers
 
@@ -96,17 +95,30 @@ def parse_methods(text):
     if not specs:
         raise UserError("--methods is empty")
     for spec in specs:
-        name, *settings = spec.split(":")
-        if name not in METHODS:
-            raise UserError(f"unknown --methods {name}; allowed: {', '.join(METHODS)}")
-        for setting in settings:
-            key, _, value = setting.partition("=")
-            if key not in (allowed := METHODS_TABLE[name].settings):
-                raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes {', '.join(allowed) or 'none'} "
-                                "(name:key=value)")
-            if not parse_number(value, f"methods {spec}: {key}", *((int, 1) if key in INTEGER else (float, 0))) > 0:
-                raise UserError(f"--methods {spec}: {key} must be > 0 (YaRN's betas: rotations over L), got {value}")
+        check_method(spec)
     return list(dict.fromkeys(specs))
+
+
+def check_method(spec):
+    """A method with its settings, checked once where it comes in: each setting known, given once, in range."""
+    name, *settings = spec.split(":")
+    if name not in METHODS:
+        raise UserError(f"unknown --methods {name}; allowed: {', '.join(METHODS)}")
+    keys = [s.partition("=")[0] for s in settings]
+    if repeated := [k for k in keys if keys.count(k) > 1]:
+        raise UserError(f"--methods {spec}: {repeated[0]} is given twice; give each setting once")
+    for key, _, value in (s.partition("=") for s in settings):
+        if key not in (allowed := METHODS_TABLE[name].settings):
+            raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes {', '.join(allowed) or 'none'} "
+                            "(name:key=value)")
+        # past these bounds the RoPE math overflows (a beta's logarithm, a slowdown's positions)
+        low = 1 if key in INTEGER else 1 / MAX_FACTOR
+        parse_number(value, f"methods {spec}: {key}", int if key in INTEGER else float, low, MAX_FACTOR)
+    betas = {**YARN_BETAS, **split_method(spec)[1]}
+    if BETAS[0] in METHODS_TABLE[name].settings and not betas["beta_fast"] > betas["beta_slow"]:
+        raise UserError(f"--methods {spec}: beta_fast {betas['beta_fast']:g} must be above beta_slow "
+                        f"{betas['beta_slow']:g} (the ramp runs from pairs turning beta_fast times over L, kept, down to "
+                        f"beta_slow times, interpolated; defaults {YARN_BETAS['beta_fast']:g} and {YARN_BETAS['beta_slow']:g})")
 
 
 def split_method(spec):

@@ -67,7 +67,7 @@ def factor_at(method, c, C, train_len, factor):
 
 
 def score(model, units, c, m, how):
-    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a model.Method, from position 0."""
+    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a positions.Method, from position 0."""
     return score_rows(model, units[:, -(c + 1):], last=m, method=how)[0].mean(axis=1)
 
 

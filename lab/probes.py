@@ -66,7 +66,7 @@ def parse_args(argv):
 
 
 def positions(method, n, args, run_len):
-    """The method's model.Method over n tokens (pairs: with the --pair_factors)."""
+    """The method's positions.Method over n tokens (pairs: with the --pair_factors)."""
     return forward_args(method, n, args["train_len"], run_len, args["pair_factors"] if method == "pairs" else None)
 
 

@@ -17,7 +17,7 @@ from lab.base_bound import smallest_base
 from lab.bound import first_negative, trained_freq
 from lab.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig
-from positions import visible
+from positions import Method, attention_weights, visible
 from rope import apply_rope, rope_tables
 from runtime import model_from_checkpoint
 
@@ -193,6 +193,26 @@ def test_the_entropy_recorded_in_a_forward_matches_an_explicit_softmax():
     assert len(records[0]) == 1 and records[0][0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
     model(idx)
     assert len(records[0]) == 1  # the hooks are gone after the block
+
+
+@pytest.mark.parametrize("method", [
+    Method(extend=(4, None)), Method(extend=(4, 2)), Method(extend=(4, None), leak=2), Method(window=8, sinks=2),
+    Method(rope_scaling={"rope_type": "dynamic", "factor": 1.0}, causal_dynamic=True), Method(logn_len=8)])
+def test_the_entropy_probe_reads_every_way_of_attending(method):
+    # ReRoPE, Self-Extend, leaky ReRoPE and exact causal dynamic scaling attend without SDPA: the probe reads them too,
+    # and the weights it reads are the ones the attention applies
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    seen = []
+    with torch.no_grad(), recording_entropy(model) as records, model.transformer.h[0].attn.attend.register_forward_hook(
+            lambda m, inputs, out: seen.append((inputs, out))):
+        model(torch.randint(32, (1, 24)), method=method)
+    assert len(records[0]) == 1
+    entropy = records[0][0]
+    assert entropy.shape == (24,) and abs(float(entropy[0])) < 1e-6
+    assert (entropy <= torch.log(torch.arange(1.0, 25.0)) + 1e-5).all()  # query t sees at most t + 1 keys
+    (q, k, v, *rest), out = seen[0]
+    assert torch.allclose(attention_weights(q, k, v, *rest) @ v, out, atol=1e-5)
 
 
 def test_probes_write_every_output_and_say_whether_the_run_copies(tmp_path_factory, dataset):
