@@ -1,8 +1,8 @@
-"""How positions enter attention. eval/methods.py turns a method's name into a Method; forward_positions turns a Method
-into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies it: SDPA
-(causal, masked by a window, or biased by ALiBi), with StreamingLLM's rotated sinks, near and far rotations merged
-(ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to the input;
-model.py holds the GPT."""
+"""How positions enter attention. eval/methods.py turns a method's name into a Method; forward_positions turns
+it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies
+one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations merged
+(ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to
+the input."""
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -15,37 +15,25 @@ from torch.nn import functional as F
 from rope import ROPE_TYPES, apply_rope, causal_dynamic_frequencies, rope_cos_sin, rope_tables, scaling_type
 
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
-MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score: sinks keeps SINKS and one more
+MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score (sinks')
 
 
 @dataclass(frozen=True)
 class Method:
-    """How positions are treated, for one call (GPT.forward, generate, the scorers); eval/methods.py builds one per
-    method name. rope_scaling: a rope_scaling dict replacing the trained one (None: as trained); causal_dynamic: exact
-    per-position dynamic scaling (a full forward, no cache); window: attend to at most the last `window` positions;
-    sinks: of those, keep the first `sinks` positions of the sequence instead, at StreamingLLM's cache positions (Xiao
-    et al. 2023); logn_len: log-n attention scaling past this length; extend: (window, group): pairs at least `window`
-    apart take far_positions' (ReRoPE: group None; Self-Extend); leak: with extend (group None), leaky ReRoPE's k: beyond
-    the window distances grow k times slower (the far pairs rotated with linear scaling by k); crop: truncation, the
-    input cut to its last `crop` tokens (Method.cropped) before a forward. rope_scaling, causal_dynamic and extend act on the RoPE layers only;
-    window on every layer (layer_positions)."""
-    rope_scaling: dict | None = None
-    causal_dynamic: bool = False
-    window: int | None = None
-    sinks: int = 0
-    logn_len: int | None = None
-    extend: tuple | None = None
-    leak: int | None = None
-    crop: int | None = None
-
-    def __post_init__(self):  # eval/methods.py builds these: a bad combination is a bug there
-        if self.sinks and (not self.window or self.causal_dynamic or not 0 < self.sinks < self.window):
-            raise ValueError(f"sinks={self.sinks} needs a window longer than it, without causal_dynamic (window={self.window})")
-        if self.extend and (self.window or self.causal_dynamic or self.extend[0] < 1):
-            raise ValueError(f"extend={self.extend} needs a window >= 1 and neither a sliding window nor causal_dynamic")
+    """How one call (GPT.forward, generate, the scorers) treats positions; eval/methods.py builds one per
+    method. rope_scaling, causal_dynamic and extend act on the RoPE layers only, window on every layer."""
+    rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
+    causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
+    window: int | None = None  # attend to at most the last `window` positions
+    sinks: int = 0  # of those, the first `sinks` of the sequence instead, at cache positions (StreamingLLM)
+    logn_len: int | None = None  # log-n attention scaling past this length
+    extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions (ReRoPE: no group)
+    leak: int | None = None  # with extend, leaky ReRoPE's k: past the window distances grow k times slower
+    crop: int | None = None  # truncation: the input cut to its last `crop` tokens (cropped) before a forward
 
     def cropped(self, idx):
-        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else all."""
+        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else
+        all."""
         return idx[:, -self.crop:] if self.crop else idx
 
     def settings(self):
@@ -60,20 +48,22 @@ AS_TRAINED = Method()
 
 def sinusoidal_embedding(positions, dim):
     # PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))
-    angles = positions.float()[:, None] * torch.exp(torch.arange(0, dim, 2, device=positions.device) * (-math.log(10000.0) / dim))
+    inv_freq = torch.exp(torch.arange(0, dim, 2, device=positions.device) * (-math.log(10000.0) / dim))
+    angles = positions.float()[:, None] * inv_freq
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
 def visible(T, Tk, window, device, sinks=0):
-    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within `window`,
-    which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
+    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within
+    `window`, which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
     q = torch.arange(Tk - T, Tk, device=device)[:, None]
     k = torch.arange(Tk, device=device)
     return (k <= q) & ((k > q - window + sinks) | (k < sinks)) if window else k <= q
 
 
 def cache_positions(T, Tk, window, device):
-    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window - 1."""
+    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window
+    - 1."""
     return torch.arange(Tk - T, Tk, device=device).clamp(max=window - 1)
 
 
@@ -90,7 +80,8 @@ def alibi_slopes(n_head):
 
 def alibi_bias(slopes, T, Tk, window, device, sinks=0):
     """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i (the i-th
-    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i) - j."""
+    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i)
+    - j."""
     k = torch.arange(Tk, device=device)
     distance = torch.arange(Tk - T, Tk, device=device)[:, None] - k
     if sinks:
@@ -107,9 +98,10 @@ def logn_scale(n, train_len):
 
 def far_positions(T, Tk, window, group, device=None):
     """Where the T newest of Tk positions sit for the pairs at least `window` apart: (queries [T], keys [Tk]).
-    ReRoPE (group None, Su 2023): every such pair at distance `window` (query at window, key at 0). Self-Extend
-    (Jin et al. 2024): grouped positions, query floor(i/G) + W - floor(W/G), key floor(j/G), so that the grouped
-    distances carry on from W. Clamped into [0, Tk): a query short of the window has no far keys anyway."""
+    ReRoPE (group None, Su 2023): every such pair at distance `window` (query at window, key at 0).
+    Self-Extend (Jin et al. 2024): grouped positions, query floor(i/G) + W - floor(W/G), key floor(j/G), so
+    that the grouped distances carry on from W. Clamped into [0, Tk): a query short of the window has no far
+    keys anyway."""
     q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
@@ -119,9 +111,9 @@ def far_positions(T, Tk, window, group, device=None):
 # ----------------------------------------------------------------------------- attention
 
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    """Attention whose logit for query i and key j is q_near . k_near where i - j < window, q_far . k_far beyond
-    (ReRoPE, Self-Extend: two rotations of the same q and k); mask: bool [T, Tk] (None: causal). Chunks of queries
-    keep the two logit matrices to ~16 MB."""
+    """Attention whose logit for query i and key j is q_near . k_near where i - j < window, q_far . k_far
+    beyond (ReRoPE, Self-Extend: two rotations of the same q and k); mask: bool [T, Tk] (None: causal). Chunks
+    of queries keep the two logit matrices to ~16 MB."""
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
     j = torch.arange(Tk, device=v.device)
@@ -130,15 +122,16 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     for s in range(0, T, chunk):
         i = torch.arange(Tk - T + s, Tk - T + min(s + chunk, T), device=v.device)[:, None]
         near = q_near[:, :, s:s + chunk] @ k_near.transpose(-1, -2)
-        att = torch.where(i - j < window, near, q_far[:, :, s:s + chunk] @ k_far.transpose(-1, -2)) / math.sqrt(D)
+        far = q_far[:, :, s:s + chunk] @ k_far.transpose(-1, -2)
+        att = torch.where(i - j < window, near, far) / math.sqrt(D)
         seen = (j <= i) if mask is None else mask[s:s + chunk]
         out.append(att.masked_fill(~seen, float("-inf")).softmax(dim=-1).to(v.dtype) @ v)
     return torch.cat(out, dim=2)
 
 
 def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
-    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with inv_freq[t],
-    the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
+    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with
+    inv_freq[t], the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
     chunk = max(1, (1 << 22) // (B * H * T * D))
@@ -147,7 +140,7 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)
     for s in reversed(range(0, T, chunk)):
         e = min(s + chunk, T)
-        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor, layout)  # (C, e, D): a table per query
+        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor, layout)  # (C, e, D): one per query
         keys = apply_rope(k[:, :, None, :e], cos, sin, layout)  # (B, H, C, e, D)
         own = (torch.arange(e - s, device=q.device), pos[s:e])  # each query's own position in its table
         query = apply_rope(q[:, :, s:e], cos[own], sin[own], layout)  # (B, H, C, D)
@@ -160,7 +153,7 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
 # ----------------------------------------------------------------------------- one forward's positions
 
 class Rotation(NamedTuple):
-    """cos and sin tables (rope.rope_cos_sin) for the T queries [T, head_dim] and the Tk keys [Tk, head_dim]."""
+    """rope.rope_cos_sin's tables for the T queries [T, head_dim] and the Tk keys [Tk, head_dim]."""
     q_cos: torch.Tensor
     q_sin: torch.Tensor
     k_cos: torch.Tensor
@@ -168,30 +161,32 @@ class Rotation(NamedTuple):
 
 
 class Positions(NamedTuple):
-    """What one kind of layer (RoPE, NoPE) does with positions in one forward; forward_positions builds it, `attention`
-    applies it. Fields a layer's method does not use stay None (or 0)."""
-    mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys each query sees; float [H, T, Tk]: ALiBi's
+    """What one kind of layer (RoPE, NoPE) does with positions in one forward; forward_positions builds it,
+    `attention` applies it. Fields a layer's method does not use stay None (or 0)."""
+    mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys a query sees; [H, T, Tk]: ALiBi's
     q_scale: torch.Tensor | None = None  # [T, 1] log-n's logit scale per query
-    log_n: torch.Tensor | None = None  # [T, 1] log of the keys each query sees: SSMax's, times its learned s_h
+    log_n: torch.Tensor | None = None  # [T, 1] log of the keys a query sees: SSMax's, times its learned s_h
     layout: str = "half"  # rope.apply_rope's
     rotation: Rotation | None = None  # q and k at their own positions
     far: Rotation | None = None  # ReRoPE, Self-Extend, leaky ReRoPE: for the pairs at least far_window apart
     far_window: int = 0
-    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position, sink_cos / sink_sin [T, D]
+    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position (sink_cos [T, D])
     sink_cos: torch.Tensor | None = None
     sink_sin: torch.Tensor | None = None
-    dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t the length t + 1's
+    dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t length t + 1's
     dynamic_attention: torch.Tensor | None = None  # and its attention factor per pair [head_dim / 2]
 
     def scales(self, ssmax):
         """Each query's logit scales (and head's, SSMax's s_h): before or after the rotation alike."""
-        return [s for s in (self.q_scale, None if ssmax is None else ssmax[:, None, None] * self.log_n) if s is not None]
+        ssmax = None if ssmax is None else ssmax[:, None, None] * self.log_n
+        return [s for s in (self.q_scale, ssmax) if s is not None]
 
 
 def rotated(q, k, rotation, layout):
     if rotation is None:
         return q, k
-    return apply_rope(q, rotation.q_cos, rotation.q_sin, layout), apply_rope(k, rotation.k_cos, rotation.k_sin, layout)
+    q_cos, q_sin, k_cos, k_sin = rotation
+    return apply_rope(q, q_cos, q_sin, layout), apply_rope(k, k_cos, k_sin, layout)
 
 
 def scaled(q, scales):
@@ -201,58 +196,62 @@ def scaled(q, scales):
 
 
 def attention(q, k, v, pos, ssmax=None, dropout=0.0):
-    """softmax(q k^T / sqrt(d) + mask) v for q [B, H, T, D] and k, v [B, H, Tk, D] (the queries are the last T of the Tk
-    positions), unrotated: rotated, scaled and masked as `pos` says. ssmax: SSMax's s_h [H] (None: plain softmax)."""
+    """softmax(q k^T / sqrt(d) + mask) v for q [B, H, T, D] and k, v [B, H, Tk, D] (the queries are the last T
+    of the Tk positions), unrotated: rotated, scaled and masked as `pos` says. ssmax: SSMax's s_h [H] (None:
+    plain softmax)."""
     scales = pos.scales(ssmax)
     if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
-        return causal_dynamic_attention(scaled(q, scales), k, v, pos.dynamic_freq, pos.dynamic_attention, pos.mask,
-                                        pos.layout)
+        freq, attention_factor = pos.dynamic_freq, pos.dynamic_attention
+        return causal_dynamic_attention(scaled(q, scales), k, v, freq, attention_factor, pos.mask, pos.layout)
     if pos.far is not None:  # the same q and k rotated at their own positions near, at the far pairs' beyond
         q_far, k_far = rotated(q, k, pos.far, pos.layout)
         q, k = rotated(q, k, pos.rotation, pos.layout)
-        return merged_attention(scaled(q, scales), k, scaled(q_far, scales), k_far, v, pos.far_window, pos.mask)
+        q, q_far = scaled(q, scales), scaled(q_far, scales)
+        return merged_attention(q, k, q_far, k_far, v, pos.far_window, pos.mask)
     unrotated, (q, k), width, mask = q, rotated(q, k, pos.rotation, pos.layout), v.size(-1), pos.mask
     if pos.sinks:  # the sinks see the query at its cache position: a second rotation of q
         sink = (torch.arange(k.size(2), device=k.device) < pos.sinks)[:, None]
-        # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
-        q = torch.cat((q, apply_rope(unrotated, pos.sink_cos, pos.sink_sin, pos.layout)), dim=-1) * math.sqrt(2)
+        # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps 1/sqrt(head_dim)
+        at_cache = apply_rope(unrotated, pos.sink_cos, pos.sink_sin, pos.layout)
+        q = torch.cat((q, at_cache), dim=-1) * math.sqrt(2)
         k = torch.cat((k * ~sink, k * sink), dim=-1)
-        v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
-    elif mask is not None and mask.is_floating_point():  # ALiBi's [H, T, Tk] as [1, H, T, Tk]: SDPA's fused CPU
-        mask = mask.to(q.dtype)[None]  # kernel takes it so, and falls back to a 6x slower path for a 3-D mask
+        v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (faster)
+    elif mask is not None and mask.is_floating_point():  # ALiBi's [H, T, Tk] as [1, H, T, Tk]: SDPA's
+        mask = mask.to(q.dtype)[None]  # fused CPU kernel takes it so, and falls back to a slow path for 3-D
     return F.scaled_dot_product_attention(scaled(q, scales), k, v, attn_mask=mask, dropout_p=dropout,
                                           is_causal=mask is None and q.size(2) > 1)[..., :width]
 
 
 class Attend(nn.Module):
-    """`attention` as a module, so that a probe can read its inputs with a forward hook (attention_weights)."""
+    """`attention` as a module, so that a probe can read its inputs with a forward hook."""
 
     def forward(self, q, k, v, pos, ssmax, dropout):
         return attention(q, k, v, pos, ssmax, dropout)
 
 
 def attention_weights(q, k, v, pos, ssmax=None, dropout=0.0):
-    """The attention probabilities [B, H, T, Tk] of `attention` over the same inputs (Attend's): its output for v the
-    identity, whichever way it attends."""
+    """The attention probabilities [B, H, T, Tk] of `attention` over the same inputs (Attend's): its output
+    for v the identity, whichever way it attends."""
     eye = torch.eye(k.size(2), dtype=v.dtype, device=v.device).expand(*k.shape[:2], -1, -1)
     return attention(q, k, eye, pos, ssmax)
 
 
 def forward_positions(method, config, start, T, kinds, device, cache):
-    """{nope: Positions} for the kinds of layer a GPT has (False: RoPE or the model's encoding, True: a NoPE layer of
-    a RoPE model) over T queries after `start` cached ones: every table one forward needs, built here once."""
+    """{nope: Positions} for the kinds of layer a GPT has (False: RoPE or the model's encoding, True: a NoPE
+    layer of a RoPE model) over T queries after `start` cached ones: every table a forward needs, once."""
     tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
-    return {nope: layer_positions(method, None if nope else tables, start, T, config, device) for nope in kinds}
+    return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
+            for nope in kinds}
 
 
 def cached_tables(method, config, n, device, cache):
     """rope.py's tables over positions [0, n): (cos, sin) [n, head_dim], or under exact causal dynamic scaling
-    (frequencies [n, head_dim / 2], attention per pair). Cached per scaling and device in `cache` (a host-to-device
-    copy per forward stalls a GPU): a length's tables are the first rows of a longer one's, unless the frequencies
-    follow the length."""
+    (frequencies [n, head_dim / 2], attention per pair). Cached per scaling and device in `cache` (a
+    host-to-device copy per forward stalls a GPU): a length's tables are the first rows of a longer one's,
+    unless the frequencies follow the length."""
     scaling, dynamic = method.rope_scaling, method.causal_dynamic
     follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
-    # no json for training's scaling=None: torch.compile cannot trace json.dumps, and would split the graph there
+    # no json for training's scaling=None: torch.compile cannot trace json.dumps and would split the graph
     name = None if scaling is None else json.dumps(scaling, sort_keys=True, default=repr)
     key = (name, dynamic, str(device), n if follows else None)
     if key not in cache or cache[key][0] < n:
@@ -265,22 +264,24 @@ def cached_tables(method, config, n, device, cache):
 
 
 def far_rotation(method, config, cos, sin, start, T, device):
-    """The rotation of the pairs at least method.extend's window apart, given the near tables cos, sin [Tk, head_dim]."""
+    """The rotation of the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]."""
     (window, group), Tk = method.extend, start + T
     if not method.leak:
         at_q, at_k = far_positions(T, Tk, window, group, device)
         return Rotation(cos[at_q], sin[at_q], cos[at_k], sin[at_k])
-    # leaky ReRoPE (Su 2023): the run's own frequencies / k, query i at i + w(k - 1), key j at j, so that a distance
-    # d >= w becomes w + (d - w) / k
+    # leaky ReRoPE (Su 2023): the run's own frequencies / k, query i at i + w(k - 1), key j at j, so that a
+    # distance d >= w becomes w + (d - w) / k
     queries = torch.arange(start, Tk, device=device) + window * (method.leak - 1)
     q_cos, q_sin = rope_tables(config, None, Tk, queries, slowdown=method.leak)
-    return Rotation(q_cos, q_sin, *rope_tables(config, None, Tk, torch.arange(Tk, device=device), slowdown=method.leak))
+    k_cos, k_sin = rope_tables(config, None, Tk, torch.arange(Tk, device=device), slowdown=method.leak)
+    return Rotation(q_cos, q_sin, k_cos, k_sin)
 
 
 def layer_positions(method, tables, start, T, config, device):
-    """The Positions of one kind of layer over T queries after `start` cached ones; tables: cached_tables' (None for a
-    layer without rotation). A RoPE layer with a rope_window attends within the smaller of it and the method's window,
-    keeping the method's sinks only where that is the method's (a layer trained local never saw far-off sinks)."""
+    """The Positions of one kind of layer over T queries after `start` cached ones; tables: cached_tables'
+    (None for a layer without rotation). A RoPE layer with a rope_window attends within the smaller of it and
+    the method's window, keeping the method's sinks only where that is the method's (a layer trained local
+    never saw far-off sinks)."""
     rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
     if rope and config.rope_window and not (window and window < config.rope_window):
@@ -303,7 +304,8 @@ def layer_positions(method, tables, start, T, config, device):
     cos, sin = tables
     common = common._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
     if method.extend:
-        return common._replace(far=far_rotation(method, config, cos, sin, start, T, device), far_window=method.extend[0])
+        far = far_rotation(method, config, cos, sin, start, T, device)
+        return common._replace(far=far, far_window=method.extend[0])
     if sinks:
         at = cache_positions(T, Tk, window, device)
         return common._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
