@@ -30,7 +30,7 @@ class GPTConfig:
     rope_base: float = 10000.0
     rope_layout: str = "half"
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
-    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None, not 1.0: older checkpoints)
+    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None: every pair)
     nope_every: int | None = None  # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
     rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
     ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
@@ -120,8 +120,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.rope_cache = {}  # positions.cached_tables'
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer) (this order of draws: a
-        # seed gives the same weights as before)
+        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer); the order of the draws
+        # fixes the weights a seed gives
         self.apply(lambda m: torch.nn.init.normal_(m.weight, std=0.02) if isinstance(m, (nn.Linear, nn.Embedding)) else None)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
