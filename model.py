@@ -195,8 +195,8 @@ class GPT(nn.Module):
         """How many of T prompt tokens one forward can take exactly. All of them unless the scaling is dynamic:
         its frequencies follow the length of the forward, so past the original length one forward would give
         every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
-        cfg = self.config
-        scaling = complete_scaling(rope_scaling, cfg.rope_scaling, cfg.block_size) if cfg.pos_emb == "rope" else None
+        cfg, rope = self.config, self.config.pos_emb == "rope"
+        scaling = complete_scaling(rope_scaling, cfg.rope_scaling, cfg.block_size) if rope else None
         if scaling_type(scaling) == "dynamic":
             return min(T, scaling["original_max_position_embeddings"])
         return T

@@ -68,10 +68,8 @@ def cache_positions(T, Tk, window, device):
 
 
 def alibi_slopes(n_head):
-    """ALiBi's per-head slopes (Press et al. 2022). For n heads a power of two, the geometric sequence
-    2^(-8/n), 2^(-16/n), ..., 2^(-8). Otherwise the slopes of the power of two p just below n, then every
-    other slope of 2p (its 1st, 3rd, 5th, ...) for the n - p heads left, as the authors' code does: the
-    extra heads get slopes between p's, not a sequence with another ratio."""
+    """ALiBi's per-head slopes (Press et al. 2022): for n a power of two 2^(-8/n), 2^(-16/n), ..., 2^(-8);
+    else those of the power of two p below n, then every other slope of 2p for the rest (authors' code)."""
     def geometric(n):
         return [2 ** (-8 * (i + 1) / n) for i in range(n)]
     p = 2 ** math.floor(math.log2(n_head))
@@ -97,11 +95,9 @@ def logn_scale(n, train_len):
 
 
 def far_positions(T, Tk, window, group, device=None):
-    """Where the T newest of Tk positions sit for the pairs at least `window` apart: (queries [T], keys [Tk]).
-    ReRoPE (group None, Su 2023): every such pair at distance `window` (query at window, key at 0).
-    Self-Extend (Jin et al. 2024): grouped positions, query floor(i/G) + W - floor(W/G), key floor(j/G), so
-    that the grouped distances carry on from W. Clamped into [0, Tk): a query short of the window has no far
-    keys anyway."""
+    """(queries [T], keys [Tk]): the T newest of Tk positions for pairs at least W = `window` apart. ReRoPE
+    (group None, Su 2023): at distance W (query at W, key at 0). Self-Extend (Jin et al. 2024): query
+    floor(i/G) + W - floor(W/G), key floor(j/G): grouped distances carry on from W. Clamped into [0, Tk)."""
     q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
@@ -111,9 +107,8 @@ def far_positions(T, Tk, window, group, device=None):
 # ----------------------------------------------------------------------------- attention
 
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    """Attention whose logit for query i and key j is q_near . k_near where i - j < window, q_far . k_far
-    beyond (ReRoPE, Self-Extend: two rotations of the same q and k); mask: bool [T, Tk] (None: causal). Chunks
-    of queries keep the two logit matrices to ~16 MB."""
+    """Attention with logit q_near . k_near where i - j < window, q_far . k_far beyond; mask: bool [T, Tk]
+    (None: causal). Chunks of queries keep the two logit matrices to ~16 MB."""
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
     j = torch.arange(Tk, device=v.device)
@@ -196,9 +191,8 @@ def scaled(q, scales):
 
 
 def attention(q, k, v, pos, ssmax=None, dropout=0.0):
-    """softmax(q k^T / sqrt(d) + mask) v for q [B, H, T, D] and k, v [B, H, Tk, D] (the queries are the last T
-    of the Tk positions), unrotated: rotated, scaled and masked as `pos` says. ssmax: SSMax's s_h [H] (None:
-    plain softmax)."""
+    """softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k and v [B, H, Tk, D] (the queries the
+    last T of Tk positions), rotated, scaled and masked as `pos` says; ssmax: SSMax's s_h [H] or None."""
     scales = pos.scales(ssmax)
     if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
         freq, attention_factor = pos.dynamic_freq, pos.dynamic_attention
@@ -230,25 +224,23 @@ class Attend(nn.Module):
 
 
 def attention_weights(q, k, v, pos, ssmax=None, dropout=0.0):
-    """The attention probabilities [B, H, T, Tk] of `attention` over the same inputs (Attend's): its output
-    for v the identity, whichever way it attends."""
+    """`attention`'s probabilities [B, H, T, Tk] over Attend's inputs: its output for v the identity."""
     eye = torch.eye(k.size(2), dtype=v.dtype, device=v.device).expand(*k.shape[:2], -1, -1)
     return attention(q, k, eye, pos, ssmax)
 
 
 def forward_positions(method, config, start, T, kinds, device, cache):
-    """{nope: Positions} for the kinds of layer a GPT has (False: RoPE or the model's encoding, True: a NoPE
-    layer of a RoPE model) over T queries after `start` cached ones: every table a forward needs, once."""
+    """{nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model) over T queries after
+    `start` cached ones: every table a forward needs, built once."""
     tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
     return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
             for nope in kinds}
 
 
 def cached_tables(method, config, n, device, cache):
-    """rope.py's tables over positions [0, n): (cos, sin) [n, head_dim], or under exact causal dynamic scaling
-    (frequencies [n, head_dim / 2], attention per pair). Cached per scaling and device in `cache` (a
-    host-to-device copy per forward stalls a GPU): a length's tables are the first rows of a longer one's,
-    unless the frequencies follow the length."""
+    """rope.py's (cos, sin) [n, head_dim] over positions [0, n) (exact causal dynamic: its frequencies),
+    cached per scaling and device (a copy to the GPU per forward stalls it); a longer length's serve unless
+    they follow the length."""
     scaling, dynamic = method.rope_scaling, method.causal_dynamic
     follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
     # no json for training's scaling=None: torch.compile cannot trace json.dumps and would split the graph
@@ -278,10 +270,9 @@ def far_rotation(method, config, cos, sin, start, T, device):
 
 
 def layer_positions(method, tables, start, T, config, device):
-    """The Positions of one kind of layer over T queries after `start` cached ones; tables: cached_tables'
-    (None for a layer without rotation). A RoPE layer with a rope_window attends within the smaller of it and
-    the method's window, keeping the method's sinks only where that is the method's (a layer trained local
-    never saw far-off sinks)."""
+    """The Positions of one kind of layer (tables: cached_tables', None without rotation). A RoPE layer with a
+    rope_window attends within the smaller window, with the method's sinks only if that is the method's (a
+    layer trained local never saw far-off sinks)."""
     rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
     if rope and config.rope_window and not (window and window < config.rope_window):

@@ -1,12 +1,12 @@
 """Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
-Scaling is a Hugging Face style dict (transformers' `rope_scaling`, or v5's `rope_parameters`), e.g.
-{"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics;
-ROPE_TYPES holds each type's function and keys (config.check_scaling refuses any other key: transformers only
-warns). "partial_rotary_factor" p rotates the rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at
+Scaling is a Hugging Face style dict (`rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type":
+"yarn", "factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics; ROPE_TYPES
+holds each type's function and keys (config.check_scaling refuses any other key: transformers only warns).
+"partial_rotary_factor" p rotates the rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at
 frequency 0 (`interleaved`: the first d' channels, as GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2)). The
-attention factor multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen et
-al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1 (Meta
-2024), p-RoPE (Barbero et al. 2024, "Round and Round We Go!"), Gemma 4's proportional."""
+attention factor multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen
+et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1
+(Meta 2024), p-RoPE (Barbero et al. 2024, "Round and Round We Go!"), Gemma 4's proportional."""
 import math
 from typing import Callable, NamedTuple
 
@@ -190,9 +190,8 @@ def frequencies(config, scaling=None, seq_len=None, slowdown=1):
 
 
 def rope_tables(config, scaling, seq_len, positions, slowdown=1):
-    """rope_cos_sin's tables [len(positions), head_dim] of a GPTConfig's RoPE at `positions` (on their
-    device), with a method's rope_scaling (None: the trained one) for a forward of seq_len tokens; slowdown as
-    in frequencies."""
+    """rope_cos_sin's tables [len(positions), head_dim] at `positions` (on their device) for a forward of
+    seq_len tokens, scaling and slowdown as in frequencies."""
     inv_freq, attention_factor = frequencies(config, scaling, seq_len, slowdown)
     attention = pair_attention(config, scaling, attention_factor).to(positions.device)
     return rope_cos_sin(inv_freq.to(positions.device), positions, attention, config.rope_layout)
@@ -207,9 +206,8 @@ def causal_dynamic_frequencies(config, scaling, seq_len, device):
 
 
 def pair_attention(config, scaling, attention_factor):
-    """The attention factor per pair [head_dim // 2] for rope_cos_sin: transformers scales only the rotary
-    dims' cos and sin, so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the
-    whole logit's)."""
+    """The attention factor per pair [head_dim // 2]: transformers scales only the rotary dims' cos and sin,
+    so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
     head_dim = config.n_embd // config.n_head
     full = complete_scaling(scaling, config.rope_scaling, config.block_size)
     rotary = int(head_dim * (full or {}).get("partial_rotary_factor", 1.0)) // 2
@@ -217,11 +215,9 @@ def pair_attention(config, scaling, attention_factor):
 
 
 def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):
-    """Per-channel tables [..., len(positions), head_dim] in float32 for apply_rope, scaled by the attention
-    factor (a number, or one per pair: pair_attention): the cosine of each channel's pair angle, and the sine
-    signed for the channel's place in its pair (-sin on the pair's first channel, +sin on its second).
-    inv_freq may carry leading dims (one frequency set per query, for exact causal dynamic NTK). layout as in
-    apply_rope."""
+    """float32 tables [..., len(positions), head_dim] for apply_rope, times the attention factor (a number or
+    one per pair): each channel's pair angle's cosine, and its sine signed -/+ on the pair's first/second
+    channel. inv_freq may carry leading dims (a frequency set per query: exact causal dynamic NTK)."""
     angles = positions.float()[:, None] * inv_freq.unsqueeze(-2).float()
     cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
     if layout == "half":

@@ -1,7 +1,6 @@
 """The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding
 one: docs/adding_a_method.md): nothing else decides where a method applies, its factor or the positions.Method
-it builds. Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, sinks, merged attention,
-crop's Method.cropped)."""
+it builds. Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, attention)."""
 import math
 from typing import Callable, NamedTuple
 
@@ -154,10 +153,9 @@ def method_factor(method, length, train_len, factor=None):
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The positions.Method of a method over `length` tokens. train_len: the original training length the
-    methods scale from (GPTConfig.train_len); run_len: the run's own block_size (a fine-tune's), which crop
-    keeps. factor: pinned instead of method_factor's default; causal: dynamic scaling exact per position.
-    method: a name with its settings."""
+    """The positions.Method of a method (a name with its settings) over `length` tokens. train_len: the length
+    the methods scale from (GPTConfig.train_len); run_len: the run's own block_size, which crop keeps; factor:
+    pinned instead of method_factor's default; causal: dynamic scaling exact per position."""
     name, given = split_method(method)
     at = At(method_factor(method, length, train_len, factor), train_len, run_len, length, given)
     return Method(causal_dynamic=causal, **METHODS_TABLE[name].positions(at))

@@ -260,8 +260,3 @@ def test_crop_is_truncation_in_scoring_and_in_generation_alike():
 
 def test_a_config_without_train_len_scales_from_block_size():
     assert GPTConfig(block_size=32).train_len == 32 and GPTConfig(block_size=64, train_len=16).train_len == 16
-
-
-def test_sinks_need_a_window():
-    with pytest.raises(ValueError, match="sinks=4 needs a window longer than it"):
-        Method(sinks=4)
