@@ -8,8 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 from common import MAX_FACTOR, UserError
-from eval.methods import METHODS_TABLE
 from model import POS_EMBS, GPTConfig
+from positions import MIN_BLOCK_SIZE
 from rope import COMMON_KEYS, LAYOUTS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
 
 # vocab_size comes from the data, train_len from the checkpoint a run fine-tunes (train.py): neither is a config key
@@ -32,7 +32,6 @@ DEFAULTS = dict(
     device="auto", dtype="auto", compile=False,  # auto: cuda, then mps, then cpu; bfloat16 on CUDA if supported, else float32
     seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
 )
-MIN_BLOCK_SIZE = max(e.shortest for e in METHODS_TABLE.values() if e.default)  # every default method can score it
 FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
 DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from pos_emb rope to none (DroPE): the rotation's
 CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"), retrieval_task=("copy", "mqar"))

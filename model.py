@@ -5,7 +5,6 @@ Barbero et al. 2024; NoPE layers interleaved and local RoPE layers, iRoPE / RNoP
 2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025).
 nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
 """
-import json
 import math
 from dataclasses import dataclass
 
@@ -13,8 +12,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from positions import AS_TRAINED, Attend, layer_positions, sinusoidal_embedding
-from rope import ROPE_TYPES, complete_scaling, rope_frequencies, rotary, scaling_type
+from positions import AS_TRAINED, Attend, forward_positions, sinusoidal_embedding
+from rope import complete_scaling, scaling_type
 
 POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
@@ -31,7 +30,7 @@ class GPTConfig:
     rope_base: float = 10000.0
     rope_layout: str = "half"
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
-    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None, not 1.0: older checkpoints)
+    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None: every pair)
     nope_every: int | None = None  # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
     rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
     ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
@@ -75,7 +74,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).view(B, T, 3 * self.n_head, C // self.n_head).transpose(1, 2).split(self.n_head, dim=1)
         if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
-        y = pos.variant(pos, q, k, v, self.ssmax, self.attend, self.dropout if self.training else 0.0)
+        y = self.attend(q, k, v, pos, self.ssmax, self.dropout if self.training else 0.0)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -119,10 +118,10 @@ class GPT(nn.Module):
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.rope_cache = {}  # GPT.rotary's
+        self.rope_cache = {}  # positions.cached_tables'
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer) (this order of draws: a
-        # seed gives the same weights as before)
+        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer); the order of the draws
+        # fixes the weights a seed gives
         self.apply(lambda m: torch.nn.init.normal_(m.weight, std=0.02) if isinstance(m, (nn.Linear, nn.Embedding)) else None)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -130,31 +129,6 @@ class GPT(nn.Module):
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
-
-    def scaling(self, scaling):
-        """The rope_scaling dict a forward uses (rope.complete_scaling): `scaling`, or None for the trained one."""
-        return complete_scaling(scaling, self.config.rope_scaling, self.config.block_size)
-
-    def frequencies(self, seq_len, scaling=None):
-        """(inv_freq [head_dim/2], attention_factor) over seq_len tokens with a rope_scaling (None: as trained)."""
-        cfg = self.config
-        return rope_frequencies(cfg.n_embd // cfg.n_head, cfg.rope_base, self.scaling(scaling), seq_len, cfg.rope_fraction)
-
-    def rotary(self, seq_len, scaling, causal_dynamic, device):
-        """The rope.Rotary of one forward, cached per scaling and device (a host-to-device copy per forward stalls a
-        GPU): a length's tables are the first rows of a longer length's, unless the frequencies follow the length."""
-        full, cfg = self.scaling(scaling), self.config
-        follows = causal_dynamic or ROPE_TYPES[scaling_type(full)].follows_length
-        # no json for training's scaling=None: torch.compile cannot trace json.dumps, and would split the graph there
-        name = None if scaling is None else json.dumps(scaling, sort_keys=True, default=repr)
-        key = (name, causal_dynamic, str(device), seq_len if follows else None)
-        if key not in self.rope_cache or self.rope_cache[key][0] < seq_len:
-            if len(self.rope_cache) >= 64:  # many lengths of a dynamic scaling (generation): start again
-                self.rope_cache.clear()
-            self.rope_cache[key] = seq_len, rotary(cfg.n_embd // cfg.n_head, cfg.rope_base, cfg.rope_fraction,
-                                                   cfg.rope_layout, full, seq_len, causal_dynamic, device)
-        tables = self.rope_cache[key][1]
-        return tables if tables.cos is None else tables._replace(cos=tables.cos[:seq_len], sin=tables.sin[:seq_len])
 
     def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
@@ -172,14 +146,9 @@ class GPT(nn.Module):
                 raise ValueError(f"learned position table has {self.config.block_size} entries; "
                                  f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
-        rope = (self.rotary(start + T, method.rope_scaling, method.causal_dynamic, idx.device)
-                if self.config.pos_emb == "rope" else None)
-        # leaky ReRoPE's far pairs: linear scaling by k, over the positions its queries are moved on to
-        slow = (self.rotary(start + T + method.extend[0] * (method.leak - 1), {"rope_type": "linear", "factor": float(method.leak)},
-                            False, idx.device) if rope is not None and method.leak else None)
         # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
-        pos = {nope: layer_positions(method, None if nope else rope, start, T, self.config, idx.device, slow)
-               for nope in {block.attn.nope for block in self.transformer.h}}
+        kinds = {block.attn.nope for block in self.transformer.h}
+        pos = forward_positions(method, self.config, start, T, kinds, idx.device, self.rope_cache)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, pos[block.attn.nope], cache)
@@ -226,7 +195,8 @@ class GPT(nn.Module):
         """How many of T prompt tokens one forward can take exactly. All of them unless the scaling is dynamic:
         its frequencies follow the length of the forward, so past the original length one forward would give
         every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
-        scaling = self.scaling(rope_scaling) if self.config.pos_emb == "rope" else None
+        cfg, rope = self.config, self.config.pos_emb == "rope"
+        scaling = complete_scaling(rope_scaling, cfg.rope_scaling, cfg.block_size) if rope else None
         if scaling_type(scaling) == "dynamic":
             return min(T, scaling["original_max_position_embeddings"])
         return T

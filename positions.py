@@ -1,46 +1,39 @@
-"""The position methods of one forward: how a method (Method, built by eval/methods.py) treats positions, turned once
-per forward into each kind of layer's Positions, whose variant attends: plain SDPA (causal, masked by a window, or
-biased by ALiBi), with StreamingLLM's rotated sinks, merged near and far rotations (ReRoPE, Self-Extend), or exact
-causal dynamic scaling. Also the encodings added to the input (sinusoidal) and ALiBi's bias; model.py holds the GPT."""
+"""How positions enter attention. eval/methods.py turns a method's name into a Method; forward_positions turns
+it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies
+one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations merged
+(ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to
+the input."""
+import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from rope import apply_rope, rope_cos_sin
+from rope import ROPE_TYPES, apply_rope, causal_dynamic_frequencies, rope_cos_sin, rope_tables, scaling_type
+
+SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
+MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score (sinks')
 
 
 @dataclass(frozen=True)
 class Method:
-    """How positions are treated, for one call (GPT.forward, generate, the scorers); eval/methods.py builds one per
-    method name. rope_scaling: a rope_scaling dict replacing the trained one (None: as trained); causal_dynamic: exact
-    per-position dynamic scaling (a full forward, no cache); window: attend to at most the last `window` positions;
-    sinks: of those, keep the first `sinks` positions of the sequence instead, at StreamingLLM's cache positions (Xiao
-    et al. 2023); logn_len: log-n attention scaling past this length; extend: (window, group): pairs at least `window`
-    apart take far_positions' (ReRoPE: group None; Self-Extend); leak: with extend (group None), leaky ReRoPE's k: beyond
-    the window distances grow k times slower (the far pairs rotated with linear scaling by k); crop: truncation, the
-    input cut to its last `crop` tokens (Method.cropped) before a forward. rope_scaling, causal_dynamic and extend act on the RoPE layers only;
-    window on every layer (layer_positions)."""
-    rope_scaling: dict | None = None
-    causal_dynamic: bool = False
-    window: int | None = None
-    sinks: int = 0
-    logn_len: int | None = None
-    extend: tuple | None = None
-    leak: int | None = None
-    crop: int | None = None
-
-    def __post_init__(self):  # eval/methods.py builds these: a bad combination is a bug there
-        if self.sinks and (not self.window or self.causal_dynamic or not 0 < self.sinks < self.window):
-            raise ValueError(f"sinks={self.sinks} needs a window longer than it, without causal_dynamic (window={self.window})")
-        if self.extend and (self.window or self.causal_dynamic or self.extend[0] < 1):
-            raise ValueError(f"extend={self.extend} needs a window >= 1 and neither a sliding window nor causal_dynamic")
+    """How one call (GPT.forward, generate, the scorers) treats positions; eval/methods.py builds one per
+    method. rope_scaling, causal_dynamic and extend act on the RoPE layers only, window on every layer."""
+    rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
+    causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
+    window: int | None = None  # attend to at most the last `window` positions
+    sinks: int = 0  # of those, the first `sinks` of the sequence instead, at cache positions (StreamingLLM)
+    logn_len: int | None = None  # log-n attention scaling past this length
+    extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions (ReRoPE: no group)
+    leak: int | None = None  # with extend, leaky ReRoPE's k: past the window distances grow k times slower
+    crop: int | None = None  # truncation: the input cut to its last `crop` tokens (cropped) before a forward
 
     def cropped(self, idx):
-        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else all."""
+        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else
+        all."""
         return idx[:, -self.crop:] if self.crop else idx
 
     def settings(self):
@@ -55,28 +48,28 @@ AS_TRAINED = Method()
 
 def sinusoidal_embedding(positions, dim):
     # PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))
-    angles = positions.float()[:, None] * torch.exp(torch.arange(0, dim, 2, device=positions.device) * (-math.log(10000.0) / dim))
+    inv_freq = torch.exp(torch.arange(0, dim, 2, device=positions.device) * (-math.log(10000.0) / dim))
+    angles = positions.float()[:, None] * inv_freq
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
 def visible(T, Tk, window, device, sinks=0):
-    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within `window`,
-    which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
+    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within
+    `window`, which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
     q = torch.arange(Tk - T, Tk, device=device)[:, None]
     k = torch.arange(Tk, device=device)
     return (k <= q) & ((k > q - window + sinks) | (k < sinks)) if window else k <= q
 
 
 def cache_positions(T, Tk, window, device):
-    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window - 1."""
+    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window
+    - 1."""
     return torch.arange(Tk - T, Tk, device=device).clamp(max=window - 1)
 
 
 def alibi_slopes(n_head):
-    """ALiBi's per-head slopes (Press et al. 2022). For n heads a power of two, the geometric sequence
-    2^(-8/n), 2^(-16/n), ..., 2^(-8). Otherwise the slopes of the power of two p just below n, then every
-    other slope of 2p (its 1st, 3rd, 5th, ...) for the n - p heads left, as the authors' code does: the
-    extra heads get slopes between p's, not a sequence with another ratio."""
+    """ALiBi's per-head slopes (Press et al. 2022): for n a power of two 2^(-8/n), 2^(-16/n), ..., 2^(-8);
+    else those of the power of two p below n, then every other slope of 2p for the rest (authors' code)."""
     def geometric(n):
         return [2 ** (-8 * (i + 1) / n) for i in range(n)]
     p = 2 ** math.floor(math.log2(n_head))
@@ -85,7 +78,8 @@ def alibi_slopes(n_head):
 
 def alibi_bias(slopes, T, Tk, window, device, sinks=0):
     """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i (the i-th
-    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i) - j."""
+    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i)
+    - j."""
     k = torch.arange(Tk, device=device)
     distance = torch.arange(Tk - T, Tk, device=device)[:, None] - k
     if sinks:
@@ -101,39 +95,20 @@ def logn_scale(n, train_len):
 
 
 def far_positions(T, Tk, window, group, device=None):
-    """Where the T newest of Tk positions sit for the pairs at least `window` apart: (queries [T], keys [Tk]).
-    ReRoPE (group None, Su 2023): every such pair at distance `window` (query at window, key at 0). Self-Extend
-    (Jin et al. 2024): grouped positions, query floor(i/G) + W - floor(W/G), key floor(j/G), so that the grouped
-    distances carry on from W. Clamped into [0, Tk): a query short of the window has no far keys anyway."""
+    """(queries [T], keys [Tk]): the T newest of Tk positions for pairs at least W = `window` apart. ReRoPE
+    (group None, Su 2023): at distance W (query at W, key at 0). Self-Extend (Jin et al. 2024): query
+    floor(i/G) + W - floor(W/G), key floor(j/G): grouped distances carry on from W. Clamped into [0, Tk)."""
     q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
     return (q // group + window - window // group).clamp(max=Tk - 1), k // group
 
 
-def leaky_positions(T, Tk, method, device):
-    """Leaky ReRoPE (Su 2023) with frequencies / k: query i at i + w(k - 1), key j at j, so a distance d >= w becomes
-    w + (d - w) / k. (queries [T], keys [Tk])."""
-    shift = method.extend[0] * (method.leak - 1)
-    return torch.arange(Tk - T, Tk, device=device) + shift, torch.arange(Tk, device=device)
-
-
-# ----------------------------------------------------------------------------- the attention variants
-
-class Attend(nn.Module):
-    """softmax(q k^T / sqrt(d) + mask) v: a module so that a probe can read its inputs with a forward hook."""
-
-    def forward(self, q, k, v, mask, dropout_p):
-        if mask is not None and mask.dim() == 3:  # ALiBi's [H, T, Tk] as [1, H, T, Tk]: SDPA's fused CPU kernel takes
-            mask = mask[None]  # it so, and falls back to a 6x slower path for a 3-D mask (measured at 4096 tokens)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.size(2) > 1,
-                                              dropout_p=dropout_p)
-
+# ----------------------------------------------------------------------------- attention
 
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    """Attention whose logit for query i and key j is q_near . k_near where i - j < window, q_far . k_far beyond
-    (ReRoPE, Self-Extend: two rotations of the same q and k); mask: bool [T, Tk] (None: causal). Chunks of queries
-    keep the two logit matrices to ~16 MB."""
+    """Attention with logit q_near . k_near where i - j < window, q_far . k_far beyond; mask: bool [T, Tk]
+    (None: causal). Chunks of queries keep the two logit matrices to ~16 MB."""
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
     j = torch.arange(Tk, device=v.device)
@@ -142,15 +117,16 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     for s in range(0, T, chunk):
         i = torch.arange(Tk - T + s, Tk - T + min(s + chunk, T), device=v.device)[:, None]
         near = q_near[:, :, s:s + chunk] @ k_near.transpose(-1, -2)
-        att = torch.where(i - j < window, near, q_far[:, :, s:s + chunk] @ k_far.transpose(-1, -2)) / math.sqrt(D)
+        far = q_far[:, :, s:s + chunk] @ k_far.transpose(-1, -2)
+        att = torch.where(i - j < window, near, far) / math.sqrt(D)
         seen = (j <= i) if mask is None else mask[s:s + chunk]
         out.append(att.masked_fill(~seen, float("-inf")).softmax(dim=-1).to(v.dtype) @ v)
     return torch.cat(out, dim=2)
 
 
 def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
-    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with inv_freq[t],
-    the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
+    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with
+    inv_freq[t], the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
     chunk = max(1, (1 << 22) // (B * H * T * D))
@@ -159,7 +135,7 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)
     for s in reversed(range(0, T, chunk)):
         e = min(s + chunk, T)
-        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor, layout)  # (C, e, D): a table per query
+        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor, layout)  # (C, e, D): one per query
         keys = apply_rope(k[:, :, None, :e], cos, sin, layout)  # (B, H, C, e, D)
         own = (torch.arange(e - s, device=q.device), pos[s:e])  # each query's own position in its table
         query = apply_rope(q[:, :, s:e], cos[own], sin[own], layout)  # (B, H, C, D)
@@ -169,29 +145,43 @@ def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
     return torch.cat(out[::-1], dim=2)
 
 
-class Positions(NamedTuple):
-    """What one kind of layer (RoPE, NoPE) does with positions in one forward, built once by layer_positions: rotation
-    tables [Tk, head_dim] (None: no rotation), the mask (None: causal; bool [T, Tk]: the keys each query sees; float
-    [H, T, Tk]: ALiBi's bias), per-query scales [T, 1] (log-n; SSMax's log of the keys seen), and the variant that
-    attends with them, given its own tables in `extra`."""
-    variant: Callable
-    cos: torch.Tensor | None = None
-    sin: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
-    q_scale: torch.Tensor | None = None
-    log_n: torch.Tensor | None = None
-    layout: str = "half"
-    extra: tuple = ()
+# ----------------------------------------------------------------------------- one forward's positions
 
-    def rotated(self, q, k):
-        if self.cos is None:
-            return q, k
-        Tk, T = k.size(2), q.size(2)  # the T queries are the last T of Tk positions
-        return apply_rope(q, self.cos[Tk - T:], self.sin[Tk - T:], self.layout), apply_rope(k, self.cos, self.sin, self.layout)
+class Rotation(NamedTuple):
+    """rope.rope_cos_sin's tables for the T queries [T, head_dim] and the Tk keys [Tk, head_dim]."""
+    q_cos: torch.Tensor
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor
+    k_sin: torch.Tensor
+
+
+class Positions(NamedTuple):
+    """What one kind of layer (RoPE, NoPE) does with positions in one forward; forward_positions builds it,
+    `attention` applies it. Fields a layer's method does not use stay None (or 0)."""
+    mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys a query sees; [H, T, Tk]: ALiBi's
+    q_scale: torch.Tensor | None = None  # [T, 1] log-n's logit scale per query
+    log_n: torch.Tensor | None = None  # [T, 1] log of the keys a query sees: SSMax's, times its learned s_h
+    layout: str = "half"  # rope.apply_rope's
+    rotation: Rotation | None = None  # q and k at their own positions
+    far: Rotation | None = None  # ReRoPE, Self-Extend, leaky ReRoPE: for the pairs at least far_window apart
+    far_window: int = 0
+    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position (sink_cos [T, D])
+    sink_cos: torch.Tensor | None = None
+    sink_sin: torch.Tensor | None = None
+    dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t length t + 1's
+    dynamic_attention: torch.Tensor | None = None  # and its attention factor per pair [head_dim / 2]
 
     def scales(self, ssmax):
         """Each query's logit scales (and head's, SSMax's s_h): before or after the rotation alike."""
-        return [s for s in (self.q_scale, None if ssmax is None else ssmax[:, None, None] * self.log_n) if s is not None]
+        ssmax = None if ssmax is None else ssmax[:, None, None] * self.log_n
+        return [s for s in (self.q_scale, ssmax) if s is not None]
+
+
+def rotated(q, k, rotation, layout):
+    if rotation is None:
+        return q, k
+    q_cos, q_sin, k_cos, k_sin = rotation
+    return apply_rope(q, q_cos, q_sin, layout), apply_rope(k, k_cos, k_sin, layout)
 
 
 def scaled(q, scales):
@@ -200,65 +190,114 @@ def scaled(q, scales):
     return q
 
 
-def plain(pos, q, k, v, ssmax, attend, dropout):
-    """SDPA over the rotated q and k: causal, masked (a window, sinks without rotation) or biased (ALiBi)."""
-    q, k = pos.rotated(q, k)
-    mask = pos.mask.to(q.dtype) if pos.mask is not None and pos.mask.is_floating_point() else pos.mask
-    return attend(scaled(q, pos.scales(ssmax)), k, v, mask, dropout)
-
-
-def with_sinks(pos, q, k, v, ssmax, attend, dropout):
-    """StreamingLLM with RoPE: the sink keys see the query at its cache position, a second rotation of q."""
-    (n, cos, sin), D = pos.extra, q.size(-1)
-    unrotated, (q, k) = q, pos.rotated(q, k)
-    sink = (torch.arange(k.size(2), device=k.device) < n)[:, None]
-    # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps the 1/sqrt(head_dim) scale
-    q = torch.cat((q, apply_rope(unrotated, cos, sin, pos.layout)), dim=-1) * math.sqrt(2)
-    k = torch.cat((k * ~sink, k * sink), dim=-1)
-    v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (3x faster)
-    return attend(scaled(q, pos.scales(ssmax)), k, v, pos.mask, dropout)[..., :D]
-
-
-def merged(pos, q, k, v, ssmax, attend, dropout):
-    """ReRoPE / Self-Extend: the same q and k rotated at their own positions near, at the far pairs' beyond the window."""
-    q_cos, q_sin, k_cos, k_sin, window = pos.extra
-    q_far, k_far = apply_rope(q, q_cos, q_sin, pos.layout), apply_rope(k, k_cos, k_sin, pos.layout)
-    q, k = pos.rotated(q, k)
+def attention(q, k, v, pos, ssmax=None, dropout=0.0):
+    """softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k and v [B, H, Tk, D] (the queries the
+    last T of Tk positions), rotated, scaled and masked as `pos` says; ssmax: SSMax's s_h [H] or None."""
     scales = pos.scales(ssmax)
-    return merged_attention(scaled(q, scales), k, scaled(q_far, scales), k_far, v, window, pos.mask)
+    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
+        freq, attention_factor = pos.dynamic_freq, pos.dynamic_attention
+        return causal_dynamic_attention(scaled(q, scales), k, v, freq, attention_factor, pos.mask, pos.layout)
+    if pos.far is not None:  # the same q and k rotated at their own positions near, at the far pairs' beyond
+        q_far, k_far = rotated(q, k, pos.far, pos.layout)
+        q, k = rotated(q, k, pos.rotation, pos.layout)
+        q, q_far = scaled(q, scales), scaled(q_far, scales)
+        return merged_attention(q, k, q_far, k_far, v, pos.far_window, pos.mask)
+    unrotated, (q, k), width, mask = q, rotated(q, k, pos.rotation, pos.layout), v.size(-1), pos.mask
+    if pos.sinks:  # the sinks see the query at its cache position: a second rotation of q
+        sink = (torch.arange(k.size(2), device=k.device) < pos.sinks)[:, None]
+        # [q, q'] . [k, 0] for the recent keys, [q, q'] . [0, k] for the sinks; sqrt(2) keeps 1/sqrt(head_dim)
+        at_cache = apply_rope(unrotated, pos.sink_cos, pos.sink_sin, pos.layout)
+        q = torch.cat((q, at_cache), dim=-1) * math.sqrt(2)
+        k = torch.cat((k * ~sink, k * sink), dim=-1)
+        v = torch.cat((v, torch.zeros_like(v)), dim=-1)  # SDPA's fused kernels want v as wide as q (faster)
+    elif mask is not None and mask.is_floating_point():  # ALiBi's [H, T, Tk] as [1, H, T, Tk]: SDPA's
+        mask = mask.to(q.dtype)[None]  # fused CPU kernel takes it so, and falls back to a slow path for 3-D
+    return F.scaled_dot_product_attention(scaled(q, scales), k, v, attn_mask=mask, dropout_p=dropout,
+                                          is_causal=mask is None and q.size(2) > 1)[..., :width]
 
 
-def causal_dynamic(pos, q, k, v, ssmax, attend, dropout):
-    """Exact causal dynamic scaling: rotates q and k itself, a frequency set per query."""
-    return causal_dynamic_attention(scaled(q, pos.scales(ssmax)), k, v, *pos.extra, pos.mask, pos.layout)
+class Attend(nn.Module):
+    """`attention` as a module, so that a probe can read its inputs with a forward hook."""
+
+    def forward(self, q, k, v, pos, ssmax, dropout):
+        return attention(q, k, v, pos, ssmax, dropout)
 
 
-def layer_positions(method, rotary, start, T, config, device, slow=None):
-    """The Positions of one kind of layer over T queries after `start` cached ones: rotary, the rope.Rotary of one
-    forward (None for a layer without rotation); slow: leaky ReRoPE's, frequencies / k (GPT.forward). A RoPE layer with a rope_window attends within the smaller of it and
-    the method's window, keeping the method's sinks only where that is the method's (a layer trained local never saw
-    far-off sinks)."""
+def attention_weights(q, k, v, pos, ssmax=None, dropout=0.0):
+    """`attention`'s probabilities [B, H, T, Tk] over Attend's inputs: its output for v the identity."""
+    eye = torch.eye(k.size(2), dtype=v.dtype, device=v.device).expand(*k.shape[:2], -1, -1)
+    return attention(q, k, eye, pos, ssmax)
+
+
+def forward_positions(method, config, start, T, kinds, device, cache):
+    """{nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model) over T queries after
+    `start` cached ones: every table a forward needs, built once."""
+    tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
+    return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
+            for nope in kinds}
+
+
+def cached_tables(method, config, n, device, cache):
+    """rope.py's (cos, sin) [n, head_dim] over positions [0, n) (exact causal dynamic: its frequencies),
+    cached per scaling and device (a copy to the GPU per forward stalls it); a longer length's serve unless
+    they follow the length."""
+    scaling, dynamic = method.rope_scaling, method.causal_dynamic
+    follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
+    # no json for training's scaling=None: torch.compile cannot trace json.dumps and would split the graph
+    name = None if scaling is None else json.dumps(scaling, sort_keys=True, default=repr)
+    key = (name, dynamic, str(device), n if follows else None)
+    if key not in cache or cache[key][0] < n:
+        if len(cache) >= 64:  # many lengths of a dynamic scaling (generation): start again
+            cache.clear()
+        cache[key] = n, (causal_dynamic_frequencies(config, scaling, n, device) if dynamic
+                         else rope_tables(config, scaling, n, torch.arange(n, device=device)))
+    tables = cache[key][1]
+    return tables if dynamic else (tables[0][:n], tables[1][:n])
+
+
+def far_rotation(method, config, cos, sin, start, T, device):
+    """The rotation of the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]."""
+    (window, group), Tk = method.extend, start + T
+    if not method.leak:
+        at_q, at_k = far_positions(T, Tk, window, group, device)
+        return Rotation(cos[at_q], sin[at_q], cos[at_k], sin[at_k])
+    # leaky ReRoPE (Su 2023): the run's own frequencies / k, query i at i + w(k - 1), key j at j, so that a
+    # distance d >= w becomes w + (d - w) / k
+    queries = torch.arange(start, Tk, device=device) + window * (method.leak - 1)
+    q_cos, q_sin = rope_tables(config, None, Tk, queries, slowdown=method.leak)
+    k_cos, k_sin = rope_tables(config, None, Tk, torch.arange(Tk, device=device), slowdown=method.leak)
+    return Rotation(q_cos, q_sin, k_cos, k_sin)
+
+
+def layer_positions(method, tables, start, T, config, device):
+    """The Positions of one kind of layer (tables: cached_tables', None without rotation). A RoPE layer with a
+    rope_window attends within the smaller window, with the method's sinks only if that is the method's (a
+    layer trained local never saw far-off sinks)."""
+    rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
-    if rotary is not None and config.rope_window and not (window and window < config.rope_window):
+    if rope and config.rope_window and not (window and window < config.rope_window):
         window, sinks = config.rope_window, 0
-    cos, sin, per_query = rotary or (None, None, None)
     seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees: causal, within the window
     seen = seen.clamp(max=window) if window else seen
+    dynamic = rope and method.causal_dynamic
     if config.pos_emb == "alibi":
         mask = alibi_bias(alibi_slopes(config.n_head), T, Tk, window, device, sinks)
-    elif per_query is not None or (window and window < Tk) or T not in (1, Tk):
+    elif dynamic or (window and window < Tk) or T not in (1, Tk):
         mask = visible(T, Tk, window, device, sinks)
     else:  # SDPA's causal flag does it
         mask = None
-    variant, extra = plain, ()
-    if per_query is not None:
-        variant, extra = causal_dynamic, per_query
-    elif method.extend and cos is not None:
-        far_cos, far_sin = (cos, sin) if slow is None else (slow.cos, slow.sin)
-        at_q, at_k = far_positions(T, Tk, *method.extend, device) if slow is None else leaky_positions(T, Tk, method, device)
-        variant, extra = merged, (far_cos[at_q], far_sin[at_q], far_cos[at_k], far_sin[at_k], method.extend[0])
-    elif sinks and cos is not None:
+    common = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
+                       seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
+    if not rope:
+        return common
+    if dynamic:
+        return common._replace(dynamic_freq=tables[0], dynamic_attention=tables[1])
+    cos, sin = tables
+    common = common._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
+    if method.extend:
+        far = far_rotation(method, config, cos, sin, start, T, device)
+        return common._replace(far=far, far_window=method.extend[0])
+    if sinks:
         at = cache_positions(T, Tk, window, device)
-        variant, extra = with_sinks, (sinks, cos[at], sin[at])
-    return Positions(variant, cos, sin, mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
-                     seen.float().log()[:, None] if config.ssmax else None, config.rope_layout, extra)
+        return common._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
+    return common

@@ -1,13 +1,12 @@
-"""
-Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation. Scaling is a
-Hugging Face style dict (transformers' `rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type": "yarn", "factor":
-8.0, "original_max_position_embeddings": 256}, with transformers' numerics; ROPE_TYPES holds each type's function and
-keys (config.check_scaling refuses any other key: transformers only warns). "partial_rotary_factor" p rotates the
-rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at frequency 0 (`interleaved`: the first d' channels, as
-GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2)). The attention factor multiplies cos and sin of the rotary dims, so
-logits get its square. References: PI (Chen et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE
-(Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE (Barbero et al. 2024, "Round and Round We Go!"), Gemma 4's proportional.
-"""
+"""Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
+Scaling is a Hugging Face style dict (`rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type":
+"yarn", "factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics; ROPE_TYPES
+holds each type's function and keys (config.check_scaling refuses any other key: transformers only warns).
+"partial_rotary_factor" p rotates the rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at
+frequency 0 (`interleaved`: the first d' channels, as GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2)). The
+attention factor multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen
+et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1
+(Meta 2024), p-RoPE (Barbero et al. 2024, "Round and Round We Go!"), Gemma 4's proportional."""
 import math
 from typing import Callable, NamedTuple
 
@@ -16,6 +15,7 @@ import torch
 ORIGINAL = "original_max_position_embeddings"
 COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", ORIGINAL)
 LAYOUTS = ("half", "interleaved")
+YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # transformers' defaults, in rotations over the original L
 
 
 def default_inv_freq(dim, base):
@@ -105,16 +105,17 @@ def longrope(dim, base, scaling, seq_len):
 def yarn(dim, base, scaling, seq_len):
     # "attention_factor": 1.0 makes it NTK-by-parts (no temperature); a missing one falls back to YaRN's temperature
     s = factor_of(scaling)
-    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], scaling.get("beta_fast") or 32.0,
-                             scaling.get("beta_slow") or 1.0, scaling.get("truncate", True))
+    betas = [scaling.get(key) or default for key, default in YARN_BETAS.items()]
+    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], *betas, scaling.get("truncate", True))
     return inv_freq, scaling.get("attention_factor") or yarn_attention_factor(s, scaling.get("mscale"),
                                                                                scaling.get("mscale_all_dim"))
 
 
 class RopeType(NamedTuple):
-    """A rope type's facts: init(dim, base, scaling, seq_len) -> (inv_freq over dim, attention factor); the keys it
-    reads beyond COMMON_KEYS (transformers' rope utilities read the same); those it cannot do without; whether its
-    frequencies follow the length of the forward; whether it runs over the whole head (Gemma 4's proportional)."""
+    """A rope type's facts: init(dim, base, scaling, seq_len) -> (inv_freq over dim, attention factor); the
+    keys it reads beyond COMMON_KEYS (transformers' rope utilities read the same); those it cannot do without;
+    whether its frequencies follow the length of the forward; whether it runs over the whole head (Gemma 4's
+    proportional)."""
     init: Callable
     keys: tuple = ()
     required: tuple = ()
@@ -146,9 +147,9 @@ def scaling_type(scaling):
 
 
 def complete_scaling(scaling, trained, block_size):
-    """The dict a forward uses: `scaling` (None: the trained one) whose original length defaults to block_size, as in
-    transformers, and whose rope_theta and partial_rotary_factor (the model's, not a scaling's: v5 keeps them in the
-    dict) default to the trained dict's. None stays None."""
+    """The dict a forward uses: `scaling` (None: the trained one) whose original length defaults to
+    block_size, as in transformers, and whose rope_theta and partial_rotary_factor (the model's, not a
+    scaling's: v5 keeps them in the dict) default to the trained dict's. None stays None."""
     own = {k: trained[k] for k in ("rope_theta", "partial_rotary_factor") if k in (trained or {})}
     scaling = scaling or trained
     return None if scaling is None else {ORIGINAL: block_size, **own, **scaling}
@@ -160,11 +161,12 @@ def rotating_pairs(head_dim, fraction):
     return head_dim // 2 if fraction is None else round(fraction * (head_dim // 2))
 
 
-def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
+def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, slowdown=1):
     """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict (checked where it came in:
-    config.check_scaling). seq_len is the length of the sequence being processed (the types that follow it use it).
-    A "rope_theta" in the dict (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's share of rotating
-    pairs (None: all); with a partial_rotary_factor too, a pair rotates only if both let it."""
+    config.check_scaling). seq_len is the length of the sequence being processed (the types that follow it use
+    it). A "rope_theta" in the dict (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's
+    share of rotating pairs (None: all); with a partial_rotary_factor too, a pair rotates only if both let it.
+    slowdown: every frequency divided by it, in float64 as the scaling methods divide."""
     scaling = scaling or {}
     kind = ROPE_TYPES[scaling_type(scaling)]
     # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it, not head_dim
@@ -176,41 +178,46 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None):
     inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - len(inv_freq))))
     inv_freq[rotary // 2:] = 0
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
-    return inv_freq.float(), float(attention_factor)
+    return (inv_freq / slowdown).float(), float(attention_factor)
 
 
-class Rotary(NamedTuple):
-    """RoPE for one forward over positions [0, seq_len), for every rotating layer: rope_cos_sin's tables [seq_len, head_dim]
-    or (exact causal dynamic) per_query = (inv_freq [seq_len, head_dim/2] (row t: length t + 1's), attention [head_dim/2])."""
-    cos: torch.Tensor | None
-    sin: torch.Tensor | None
-    per_query: tuple | None
+def frequencies(config, scaling=None, seq_len=None, slowdown=1):
+    """rope_frequencies of a GPTConfig's RoPE with a method's rope_scaling (None: the trained one), completed
+    by complete_scaling. slowdown: every frequency divided by it (leaky ReRoPE's far pairs)."""
+    full = complete_scaling(scaling, config.rope_scaling, config.block_size)
+    head_dim = config.n_embd // config.n_head
+    return rope_frequencies(head_dim, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
 
 
-def rotary(head_dim, base, fraction, layout, scaling, seq_len, causal_dynamic, device):
-    """The Rotary of a completed scaling dict (complete_scaling; None: plain RoPE) over seq_len tokens."""
-    if causal_dynamic:
-        freqs = [rope_frequencies(head_dim, base, scaling, n, fraction) for n in range(1, seq_len + 1)]
-        attention = pair_attention(head_dim, scaling, freqs[-1][1])
-        return Rotary(None, None, (torch.stack([f for f, _ in freqs]).to(device), attention.to(device)))
-    inv_freq, attention_factor = rope_frequencies(head_dim, base, scaling, seq_len, fraction)
-    attention = pair_attention(head_dim, scaling, attention_factor)
-    cos, sin = rope_cos_sin(inv_freq.to(device), torch.arange(seq_len, device=device), attention.to(device), layout)
-    return Rotary(cos, sin, None)
+def rope_tables(config, scaling, seq_len, positions, slowdown=1):
+    """rope_cos_sin's tables [len(positions), head_dim] at `positions` (on their device) for a forward of
+    seq_len tokens, scaling and slowdown as in frequencies."""
+    inv_freq, attention_factor = frequencies(config, scaling, seq_len, slowdown)
+    attention = pair_attention(config, scaling, attention_factor).to(positions.device)
+    return rope_cos_sin(inv_freq.to(positions.device), positions, attention, config.rope_layout)
 
 
-def pair_attention(head_dim, scaling, attention_factor):
-    """The attention factor per pair [head_dim // 2] for rope_cos_sin: transformers scales only the rotary dims' cos
-    and sin, so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
-    rotary = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0)) // 2
+def causal_dynamic_frequencies(config, scaling, seq_len, device):
+    """Exact causal dynamic scaling's frequencies [seq_len, head_dim / 2] (row t: length t + 1's) and
+    attention factor per pair [head_dim / 2] (the full length's), for positions.causal_dynamic_attention."""
+    freqs = [frequencies(config, scaling, n) for n in range(1, seq_len + 1)]
+    attention = pair_attention(config, scaling, freqs[-1][1])
+    return torch.stack([f for f, _ in freqs]).to(device), attention.to(device)
+
+
+def pair_attention(config, scaling, attention_factor):
+    """The attention factor per pair [head_dim // 2]: transformers scales only the rotary dims' cos and sin,
+    so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
+    head_dim = config.n_embd // config.n_head
+    full = complete_scaling(scaling, config.rope_scaling, config.block_size)
+    rotary = int(head_dim * (full or {}).get("partial_rotary_factor", 1.0)) // 2
     return torch.tensor([attention_factor] * rotary + [1.0] * (head_dim // 2 - rotary))
 
 
 def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):
-    """Per-channel tables [..., len(positions), head_dim] in float32 for apply_rope, scaled by the attention
-    factor (a number, or one per pair: pair_attention): the cosine of each channel's pair angle, and the sine
-    signed for the channel's place in its pair (-sin on the pair's first channel, +sin on its second). inv_freq
-    may carry leading dims (one frequency set per query, for exact causal dynamic NTK). layout as in apply_rope."""
+    """float32 tables [..., len(positions), head_dim] for apply_rope, times the attention factor (a number or
+    one per pair): each channel's pair angle's cosine, and its sine signed -/+ on the pair's first/second
+    channel. inv_freq may carry leading dims (a frequency set per query: exact causal dynamic NTK)."""
     angles = positions.float()[:, None] * inv_freq.unsqueeze(-2).float()
     cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
     if layout == "half":

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT, gpt2_tokenizer
-from eval.methods import FIXED, forward_args, unavailable
-from common import UserError, command_parser, parse_number, run_cli, shared_values
+from eval.methods import FIXED, forward_args, method_factor, unavailable
+from common import MAX_FACTOR, UserError, command_parser, parse_number, run_cli, shared_values
 from runtime import autocast, load_checkpoint, model_from_checkpoint
 
 
@@ -45,6 +45,8 @@ def parse_args(argv):
         raise UserError(f"--factor must be auto or a number >= 1, got {a.factor}")
     if factor == math.inf:  # passes `>= 1`: an infinite factor leaves no frequency
         raise UserError(f"--factor {a.factor} is not a finite number; use auto or a number >= 1")
+    if factor is not None and factor > MAX_FACTOR:  # the evaluation's cap: past it the RoPE math overflows
+        raise UserError(f"--factor {a.factor} is too large: use auto or a number <= {MAX_FACTOR:g}")
     if a.prompt == "":
         raise UserError(f"--prompt is empty; leave it out to start a new document ({EOT})")
     return dict(vars(a), factor=factor, **shared_values(a))
@@ -85,6 +87,9 @@ def sample(args):
     total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], cfg.train_len
     if reason := unavailable(cfg, method, total):  # before any sampling
         raise UserError(f"--method {method}: {reason}")
+    if (factor := method_factor(method, total, train_len, args["factor"])) and factor > MAX_FACTOR:
+        raise UserError(f"--max_new_tokens {args['max_new_tokens']}: {total} tokens make --method {method}'s factor "
+                        f"{factor:.3g}, above {MAX_FACTOR:g}; ask for fewer tokens or pin --factor")
     how = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
           f"{args['max_new_tokens']} new tokens = {total / train_len:.3g} L; method {method}: "

@@ -36,7 +36,8 @@ def parse_args(argv):
     p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb", "check")
     for name, default, text in (
             ("lengths", "1,2,4,8,16", "multiples of the training length"),
-            ("methods", ",".join(FIXED), "eval/methods.py's, each with optional settings: name:key=value (yarn:beta_fast=4)"),
+            ("methods", ",".join(FIXED), f"any of {', '.join(methods.METHODS)} (pairs needs --pair_factors), each with "
+             "optional settings: name:key=value (yarn:beta_fast=4)"),
             ("docs", "all", "held-out documents scored: all, dev (even-numbered) or test (odd-numbered): settings are chosen on dev"),
             ("protocols", ",".join(PROTOCOLS), "windows (each from position 0) and/or sliding (every token once)"),
             ("stride", "half", "the sliding protocol's stride: half of each length, or tokens"),

@@ -1,16 +1,15 @@
-"""The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding one:
-docs/adding_a_method.md): nothing else decides where a method applies, its factor or the positions.Method it builds.
-Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, sinks, merged attention, crop's Method.cropped)."""
+"""The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding
+one: docs/adding_a_method.md): nothing else decides where a method applies, its factor or the positions.Method
+it builds. Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, attention)."""
 import math
 from typing import Callable, NamedTuple
 
 from common import MAX_FACTOR, UserError, parse_number
 from model import POS_EMBS
-from positions import Method
-from rope import ORIGINAL
+from positions import SINKS, Method
+from rope import ORIGINAL, YARN_BETAS
 
 ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only, so a mask can move them
-SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
 BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
 INTEGER = ("window", "group", "k")  # settings that count tokens (or a group size, a slowdown): the rest are numbers
 
@@ -43,14 +42,14 @@ def near(a):  # Self-Extend's and ReRoPE's neighbour window: exact distances bel
 
 
 def self_extend_group(length, run_len, window):
-    """Self-Extend's group size: the smallest G whose largest grouped distance, (length - 1) // G + W - W // G, is
-    one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
+    """Self-Extend's group size: the smallest G whose largest grouped distance (length - 1) // G + W - W // G
+    is one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
 def leaky_k(length, run_len, window):
-    """Leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, is one the
-    model was trained on (at most run_len - 1)."""
+    """Leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, is
+    one the model was trained on (at most run_len - 1)."""
     return max(1, math.ceil((length - 1 - window) / (run_len - 1 - window))) if length > run_len else 1
 
 
@@ -96,21 +95,34 @@ def parse_methods(text):
     if not specs:
         raise UserError("--methods is empty")
     for spec in specs:
-        name, *settings = spec.split(":")
-        if name not in METHODS:
-            raise UserError(f"unknown --methods {name}; allowed: {', '.join(METHODS)}")
-        for setting in settings:
-            key, _, value = setting.partition("=")
-            if key not in (allowed := METHODS_TABLE[name].settings):
-                raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes {', '.join(allowed) or 'none'} "
-                                "(name:key=value)")
-            if not parse_number(value, f"methods {spec}: {key}", *((int, 1) if key in INTEGER else (float, 0))) > 0:
-                raise UserError(f"--methods {spec}: {key} must be > 0 (YaRN's betas: rotations over L), got {value}")
+        check_method(spec)
     return list(dict.fromkeys(specs))
 
 
+def check_method(spec):
+    """A method with its settings, checked once where it comes in: each setting known, once, in range."""
+    name, *settings = spec.split(":")
+    if name not in METHODS:
+        raise UserError(f"unknown --methods {name}; allowed: {', '.join(METHODS)}")
+    keys = [s.partition("=")[0] for s in settings]
+    if repeated := [k for k in keys if keys.count(k) > 1]:
+        raise UserError(f"--methods {spec}: {repeated[0]} is given twice; give each setting once")
+    for key, _, value in (s.partition("=") for s in settings):
+        if key not in (allowed := METHODS_TABLE[name].settings):
+            raise UserError(f"{spec!r}: {name} takes no setting {key!r}; it takes {', '.join(allowed) or 'none'} "
+                            "(name:key=value)")
+        # past these bounds the RoPE math overflows (a beta's logarithm, a slowdown's positions)
+        low = 1 if key in INTEGER else 1 / MAX_FACTOR
+        parse_number(value, f"methods {spec}: {key}", int if key in INTEGER else float, low, MAX_FACTOR)
+    betas = {**YARN_BETAS, **split_method(spec)[1]}
+    if BETAS[0] in METHODS_TABLE[name].settings and not betas["beta_fast"] > betas["beta_slow"]:
+        fast, slow = betas["beta_fast"], betas["beta_slow"]
+        raise UserError(f"--methods {spec}: beta_fast {fast:g} must be above beta_slow {slow:g} (pairs turning "
+                        "more than beta_fast times over L are kept, fewer than beta_slow interpolated; defaults 32, 1)")
+
+
 def split_method(spec):
-    """'yarn:beta_fast=4' -> ('yarn', {'beta_fast': 4.0}): a method's name and settings (checked by parse_methods)."""
+    """'yarn:beta_fast=4' -> ('yarn', {'beta_fast': 4.0}): a method's name and settings (check_method's)."""
     name, *settings = spec.split(":")
     return name, {k: (int if k in INTEGER else float)(v) for k, _, v in (s.partition("=") for s in settings)}
 
@@ -132,8 +144,8 @@ def usable(names, pos_emb):
 
 
 def method_factor(method, length, train_len, factor=None):
-    """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else the one
-    pinned (`factor`), or its default."""
+    """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else
+    the one pinned (`factor`), or its default."""
     kind = METHODS_TABLE[split_method(method)[0]].factor
     if kind == "ratio":
         return factor or max(1.0, length / train_len)
@@ -141,9 +153,9 @@ def method_factor(method, length, train_len, factor=None):
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The positions.Method of a method over `length` tokens. train_len: the original training length the methods scale
-    from (GPTConfig.train_len); run_len: the run's own block_size (a fine-tune's), which crop keeps. factor: pinned
-    instead of method_factor's default; causal: dynamic scaling exact per position. method: a name with its settings."""
+    """The positions.Method of a method (a name with its settings) over `length` tokens. train_len: the length
+    the methods scale from (GPTConfig.train_len); run_len: the run's own block_size, which crop keeps; factor:
+    pinned instead of method_factor's default; causal: dynamic scaling exact per position."""
     name, given = split_method(method)
     at = At(method_factor(method, length, train_len, factor), train_len, run_len, length, given)
     return Method(causal_dynamic=causal, **METHODS_TABLE[name].positions(at))
@@ -153,12 +165,12 @@ PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per f
 
 
 def parse_pairs(text):
-    """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept, unlike other lists."""
+    """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept."""
     return None if text is None else [parse_number(t, "pair_factors", float, 1, MAX_FACTOR) for t in text.split(",")]
 
 
 def check_pairs(factors, config):
-    """--pair_factors for the method pairs: one factor >= 1 per frequency pair of the model, the fastest pair first."""
+    """--pair_factors for the method pairs: one factor >= 1 per frequency pair of the model, fastest first."""
     n = config.n_embd // config.n_head // 2
     if factors is None:
         raise UserError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, fastest first")
@@ -168,7 +180,7 @@ def check_pairs(factors, config):
 
 
 def unavailable(config, method, length):
-    """Why a method cannot score `length` tokens on a model, or None: an explicit check, never a caught error."""
+    """Why a method cannot score `length` tokens on a model, or None: an explicit check, no caught error."""
     if not applicable([method], config.pos_emb):
         what = "masks relative positions" if method in MASKS else "rescales RoPE"
         return f"{what}: a pos_emb={config.pos_emb!r} model takes {', '.join(applicable(METHODS, config.pos_emb))}"
@@ -184,8 +196,8 @@ def unavailable(config, method, length):
 
 
 def reasons(config, cells):
-    """unavailable for each (method, tokens) cell a command would score; if no cell can be scored, a one-line error
-    before anything is computed or written (every command decides "nothing to evaluate" here)."""
+    """unavailable for each (method, tokens) cell a command would score; if no cell can be scored, a one-line
+    error before anything is computed or written (every command decides "nothing to evaluate" here)."""
     why = [unavailable(config, method, n) for method, n in cells]
     if cells and all(why):
         raise UserError(f"nothing to evaluate: {cells[0][0]} at {cells[0][1]} tokens: {why[0]}")

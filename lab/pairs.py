@@ -21,7 +21,7 @@ from runtime import load_run
 from lab.stats import LEVEL, RETRIEVES, holm, interval
 from positions import AS_TRAINED, Method
 from lab.bound import first_negative
-from rope import yarn_attention_factor
+from rope import frequencies, yarn_attention_factor
 from common import (UserError, claim_output, command_parser, unique_runs, parse_number, parse_list, run_cli,
                     shared_values)
 
@@ -109,7 +109,7 @@ def measure(models, trial_sets, L, k, betas):
         for name, scaling in named.items():
             c = interval(hits[name])
             rows.append(dict(variant=name, distance=d, factor=s, top1=c["mean"], lo=c["lo"], hi=c["hi"],
-                             bound_negative_at=first_negative(models[0].frequencies(T, scaling)[0], d),
+                             bound_negative_at=first_negative(frequencies(models[0].config, scaling, T)[0], d),
                              hits=hits[name].round(4).tolist()))
         # j pairs scaled either way (the slowest: the fast ones kept), and YaRN with and without its temperature
         for a, b in [(f"slowest {j}", f"fastest {j}") for j in range(1, n)] + [("yarn", "ntk-by-parts")]:

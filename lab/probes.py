@@ -22,8 +22,9 @@ from lab.stats import RETRIEVES
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import score_rows
 from eval.summary import bin_edges, mean_stderr
-from positions import visible
+from positions import attention_weights
 from lab.bound import first_negative
+from rope import frequencies
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
 from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values, unless_check
 from runtime import load_run
@@ -65,7 +66,7 @@ def parse_args(argv):
 
 
 def positions(method, n, args, run_len):
-    """The method's model.Method over n tokens (pairs: with the --pair_factors)."""
+    """The method's positions.Method over n tokens (pairs: with the --pair_factors)."""
     return forward_args(method, n, args["train_len"], run_len, args["pair_factors"] if method == "pairs" else None)
 
 
@@ -161,11 +162,11 @@ def rotation_probe(model, args):
     if model.config.pos_emb != "rope":
         return
     L = args["train_len"]
-    base = model.frequencies(L, {"rope_type": "default"})[0].double()
+    base = frequencies(model.config, {"rope_type": "default"}, L)[0].double()
     for mult in args["lengths"]:
         T = round(mult * L)
         for method in args["methods"]:
-            freq, attention = model.frequencies(T, positions(method, T, args, L).rope_scaling)
+            freq, attention = frequencies(model.config, positions(method, T, args, L).rope_scaling, T)
             ratio = [f / b if b else None for f, b in zip(freq.double().tolist(), base.tolist())]
             yield entry("rotation", method, T, attention_factor=attention, turns_train=(L * base / (2 * math.pi)).tolist(),
                         turns_eval=(T * freq.double() / (2 * math.pi)).tolist(), ratio=ratio,
@@ -178,23 +179,20 @@ def pair_kind(ratio, factor):
             else "interpolated" if abs(ratio * factor - 1) < 1e-6 else "blended")
 
 
-def attention_entropy(q, k, mask):
-    """Entropy (nats) of each query's attention [T], mean over batch and heads, from model.Attend's q, k and mask."""
-    att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1))
-    mask = visible(q.size(-2), k.size(-2), None, q.device) if mask is None else mask
-    att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask.float()
-    p = att.softmax(dim=-1)
+def attention_entropy(weights):
+    """Entropy (nats) of each query's attention [T], mean over batch and heads, of attention weights [B, H, T, Tk]."""
+    p = weights.float()
     return -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
 
 
 @contextmanager
 def recording_entropy(model):
-    """Per layer, a list that gets the attention entropy of each forward (hooks on model.Attend, removed on exit)."""
+    """Per layer, a list that gets the attention entropy of each forward (hooks on positions.Attend, removed on exit)."""
     records = [[] for _ in model.transformer.h]
     with ExitStack() as hooks:
         for block, r in zip(model.transformer.h, records):
             hooks.enter_context(block.attn.attend.register_forward_hook(
-                lambda module, inputs, output, r=r: r.append(attention_entropy(*inputs[:2], inputs[3]))))
+                lambda module, inputs, output, r=r: r.append(attention_entropy(attention_weights(*inputs)))))
         yield records
 
 

@@ -58,6 +58,12 @@ def test_the_core_imports_no_lab_module():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_training_path_imports_nothing_from_eval():
+    code = "import sys, train; print(sorted(m for m in sys.modules if m == 'eval' or m.startswith('eval.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_rope_tables_are_built_once_per_scaling_and_device_with_the_same_numbers(monkeypatch):
     import rope as rope_module
     from model import GPT, GPTConfig

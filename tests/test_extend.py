@@ -1,5 +1,9 @@
 """Self-Extend (Jin et al. 2024) and ReRoPE (Su 2023) against attention built by hand from their definitions."""
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,7 +11,7 @@ import torch
 from eval.methods import forward_args, self_extend_group, unavailable
 from model import GPT, GPTConfig, KVCache
 from positions import Method, far_positions, merged_attention
-from rope import apply_rope, default_inv_freq, rope_cos_sin
+from rope import apply_rope, default_inv_freq, rope_cos_sin, yarn_inv_freq
 
 
 def rotation(r, theta):
@@ -99,7 +103,7 @@ def leaky(w, k):  # Leaky ReRoPE (Su 2023): exact within w, beyond it the distan
 
 @pytest.mark.parametrize("T, window, k", [(12, 4, 2), (13, 5, 3), (9, 1, 4)])
 def test_leaky_rerope_is_the_hand_built_one(T, window, k):
-    # the model's construction (GPT.layer_positions): far pairs with frequencies / k, queries moved w(k - 1) on
+    # the model's construction (positions.far_rotation): far pairs with frequencies / k, queries moved w(k - 1) on
     torch.manual_seed(0)
     D = 8
     q, k_, v = (torch.randn(1, 1, T, D, dtype=torch.float64) for _ in range(3))
@@ -148,3 +152,52 @@ def test_method_settings_reach_the_forward_and_bad_ones_are_one_line_errors():
 def test_a_neighbour_window_as_long_as_the_trained_context_is_not_available():
     assert "below the trained context" in unavailable(tiny().config, "leaky-rerope:window=15", 64)  # block_size 16
     assert unavailable(tiny().config, "leaky-rerope:window=14", 64) is None
+
+
+@torch.no_grad()
+def test_leaky_rerope_far_pairs_use_a_fine_tuned_runs_own_rope_scaling():
+    # a run fine-tuned with YaRN rotates its near pairs with YaRN's frequencies and temperature: its far pairs are the
+    # same frequencies k times slower, with the same temperature (not plain linear scaling by k)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    model, T, w, k = tiny(n_layer=1, rope_scaling=yarn), 40, 6, 3
+    seen = []
+    with model.transformer.h[0].attn.attend.register_forward_hook(lambda m, inputs, out: seen.append((inputs, out))):
+        model(torch.randint(0, 50, (1, T)), method=Method(extend=(w, None), leak=k))
+    (q, k_, v, *_), got = seen[0]
+    theta, temperature = yarn_inv_freq(16, 10000.0, 4.0, 8), 0.1 * math.log(4.0) + 1
+
+    def rotate(x, at, inv_freq):
+        return apply_rope(x, *rope_cos_sin(inv_freq, at, temperature))
+    at = torch.arange(T)
+    expected = merged_attention(rotate(q, at, theta), rotate(k_, at, theta), rotate(q, at + w * (k - 1), theta / k),
+                                rotate(k_, at, theta / k), v, w)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("yarn:beta_fast=1e308", "beta_fast 1e308 is too large: use a number <= 1e+06"),
+    ("yarn:beta_slow=1e-320", "beta_slow must be >= 1e-06, got 1e-320"),
+    ("leaky-rerope:k=1000000000000000000000", "k 1000000000000000000000 is too large"),
+    ("leaky-rerope:k=1e21", "k '1e21' is not an integer"),
+    ("yarn:beta_fast=1:beta_slow=64", "beta_fast 1 must be above beta_slow 64"),
+    ("ntk-by-parts:beta_slow=32", "beta_fast 32 must be above beta_slow 32"),
+    ("yarn:beta_fast=4:beta_fast=8", "beta_fast is given twice"),
+])
+def test_method_settings_out_of_range_are_one_line_errors_when_parsed_and_under_check(tmp_path, spec, message):
+    from eval.methods import parse_methods
+    from common import UserError
+    with pytest.raises(UserError, match=re.escape(message)):
+        parse_methods(spec)
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "eval/extrapolate.py", str(tmp_path), "--methods", spec, "--check"], cwd=root,
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_extrapolate_help_lists_every_method():
+    from eval.methods import METHODS
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "eval/extrapolate.py", "--help"], cwd=root, capture_output=True, text=True,
+                         env={"COLUMNS": "1000", "PATH": ""}, check=True)
+    assert all(f" {m}," in out.stdout or f" {m} " in out.stdout for m in METHODS)
+    assert "leaky-rerope" in out.stdout and "crop-L" in out.stdout and "pairs" in out.stdout

@@ -8,7 +8,7 @@ from eval.methods import applicable, forward_args, unavailable
 from eval.score import score_rows
 from config import gpt_config
 from model import GPT, GPTConfig, KVCache
-from positions import Method, Positions, alibi_bias, alibi_slopes, plain, sinusoidal_embedding
+from positions import Method, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
 
@@ -167,7 +167,7 @@ def test_alibi_attention_is_softmax_of_scaled_scores_plus_the_bias():
     y = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + bias, dim=-1) @ v
     expected = attn.c_proj(y.transpose(1, 2).reshape(2, T, 32))
     with torch.no_grad():
-        out = attn(x, Positions(plain, mask=alibi_bias(alibi_slopes(H), T, T, None, "cpu")), None)
+        out = attn(x, Positions(mask=alibi_bias(alibi_slopes(H), T, T, None, "cpu")), None)
     assert torch.allclose(out, expected, atol=1e-6)
 
 
@@ -260,8 +260,3 @@ def test_crop_is_truncation_in_scoring_and_in_generation_alike():
 
 def test_a_config_without_train_len_scales_from_block_size():
     assert GPTConfig(block_size=32).train_len == 32 and GPTConfig(block_size=64, train_len=16).train_len == 16
-
-
-def test_sinks_need_a_window():
-    with pytest.raises(ValueError, match="sinks=4 needs a window longer than it"):
-        Method(sinks=4)

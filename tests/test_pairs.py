@@ -10,6 +10,7 @@ import torch
 
 from lab import pairs, probes, trials
 from model import GPT, GPTConfig
+from rope import frequencies
 from runtime import model_from_checkpoint
 from tests.test_probes import COPIER
 
@@ -22,12 +23,12 @@ def test_variants_interpolate_only_the_pairs_named():
     assert len(named) == 17 + 15 + 1
     for name, expected in (("fastest 0", THETA), ("fastest 16", THETA / s),
                            ("fastest 3", np.r_[THETA[:3] / s, THETA[3:]]), ("slowest 5", np.r_[THETA[:11], THETA[11:] / s])):
-        freq, attention = model.frequencies(256, named[name])
+        freq, attention = frequencies(model.config, named[name], 256)
         assert np.allclose(freq.double().numpy(), expected, rtol=1e-6) and attention == 1.0, name
-    freq, attention = model.frequencies(256, named["yarn temperature only"])
+    freq, attention = frequencies(model.config, named["yarn temperature only"], 256)
     assert np.allclose(freq.double().numpy(), THETA, rtol=1e-6) and attention == pytest.approx(0.1 * math.log(4) + 1)
     ntk_by_parts = pairs.yarn_variants(s, 64, [])["ntk-by-parts"]
-    assert model.frequencies(256, ntk_by_parts)[1] == 1.0
+    assert frequencies(model.config, ntk_by_parts, 256)[1] == 1.0
 
 
 def test_the_sweep_ends_are_the_probes_none_and_pi_on_the_copier():

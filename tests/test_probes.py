@@ -17,8 +17,8 @@ from lab.base_bound import smallest_base
 from lab.bound import first_negative, trained_freq
 from lab.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig
-from positions import visible
-from rope import apply_rope
+from positions import Method, attention_weights, visible
+from rope import apply_rope, rope_tables
 from runtime import model_from_checkpoint
 
 
@@ -170,8 +170,10 @@ def test_attention_entropy_of_uniform_attention_is_log_of_the_keys_seen():
     # q = 0: every visible key gets the same weight, so query t (seeing t + 1 keys) has entropy log(t + 1);
     # a window of 3 caps it at log 3
     q, k = torch.zeros(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
-    assert attention_entropy(q, k, visible(6, 6, None, "cpu")).tolist() == pytest.approx(np.log(np.arange(1, 7)), abs=1e-5)
-    capped = attention_entropy(q, k, visible(6, 6, 3, "cpu")).tolist()
+    def weights(window):
+        return (q @ k.transpose(-1, -2)).masked_fill(~visible(6, 6, window, "cpu"), float("-inf")).softmax(-1)
+    assert attention_entropy(weights(None)).tolist() == pytest.approx(np.log(np.arange(1, 7)), abs=1e-5)
+    capped = attention_entropy(weights(3)).tolist()
     assert capped == pytest.approx(np.log([1, 2, 3, 3, 3, 3]), abs=1e-5)
 
 
@@ -184,13 +186,33 @@ def test_the_entropy_recorded_in_a_forward_matches_an_explicit_softmax():
         model(idx)
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, _ = (t.view(1, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(x).split(16, dim=2))
-        cos, sin, _ = model.rotary(16, None, False, "cpu")
+        cos, sin = rope_tables(model.config, None, 16, torch.arange(16))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         p = ((q @ k.transpose(-2, -1)) / math.sqrt(8)).masked_fill(~visible(16, 16, None, "cpu"), float("-inf")).softmax(-1)
     expected = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(dim=(0, 1))
     assert len(records[0]) == 1 and records[0][0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
     model(idx)
     assert len(records[0]) == 1  # the hooks are gone after the block
+
+
+@pytest.mark.parametrize("method", [
+    Method(extend=(4, None)), Method(extend=(4, 2)), Method(extend=(4, None), leak=2), Method(window=8, sinks=2),
+    Method(rope_scaling={"rope_type": "dynamic", "factor": 1.0}, causal_dynamic=True), Method(logn_len=8)])
+def test_the_entropy_probe_reads_every_way_of_attending(method):
+    # ReRoPE, Self-Extend, leaky ReRoPE and exact causal dynamic scaling attend without SDPA: the probe reads them too,
+    # and the weights it reads are the ones the attention applies
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    seen = []
+    with torch.no_grad(), recording_entropy(model) as records, model.transformer.h[0].attn.attend.register_forward_hook(
+            lambda m, inputs, out: seen.append((inputs, out))):
+        model(torch.randint(32, (1, 24)), method=method)
+    assert len(records[0]) == 1
+    entropy = records[0][0]
+    assert entropy.shape == (24,) and abs(float(entropy[0])) < 1e-6
+    assert (entropy <= torch.log(torch.arange(1.0, 25.0)) + 1e-5).all()  # query t sees at most t + 1 keys
+    (q, k, v, *rest), out = seen[0]
+    assert torch.allclose(attention_weights(q, k, v, *rest) @ v, out, atol=1e-5)
 
 
 def test_probes_write_every_output_and_say_whether_the_run_copies(tmp_path_factory, dataset):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from rope import apply_rope, rope_cos_sin, rope_frequencies
+from rope import apply_rope, frequencies, rope_cos_sin, rope_frequencies, rope_tables
 from config import check_scaling, gpt_config
 
 D, BASE, L = 32, 10000.0, 256
@@ -425,7 +425,7 @@ def test_partial_rotary_channels_pass_through_and_the_rotated_ones_stay_relative
     model = GPT(GPTConfig(n_embd=2 * D, n_head=2, rope_layout=layout,
                           rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25}))
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L}
-    cos, sin, _ = model.rotary(3000, yarn, False, "cpu")
+    cos, sin = rope_tables(model.config, yarn, 3000, torch.arange(3000))
     passed = [c for c in range(D) if c not in rotated]
     assert (cos[:, passed] == 1).all() and (sin[:, passed] == 0).all()
     assert cos[0, rotated].tolist() == pytest.approx([0.1 * math.log(4.0) + 1] * 8, rel=1e-6)
@@ -493,7 +493,8 @@ def test_a_scaling_at_evaluation_keeps_the_trained_dicts_base_and_rotary_share()
     # replaces the trained one keeps them unless it gives its own
     model = GPT(GPTConfig(block_size=L, n_embd=2 * D, n_head=2,
                           rope_scaling={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}))
-    inv_freq, _ = model.frequencies(4 * L, {"rope_type": "linear", "factor": 2.0})
+    inv_freq, _ = frequencies(model.config, {"rope_type": "linear", "factor": 2.0}, 4 * L)
     assert inv_freq.tolist() == pytest.approx([5e5 ** (-2 * i / 16) / 2 for i in range(8)] + [0.0] * 8, rel=1e-6)
-    own = model.frequencies(4 * L, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 1.0})
+    own = frequencies(model.config, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 1.0},
+                      4 * L)
     assert own[0].tolist() == pytest.approx([1e4 ** (-2 * i / 32) / 2 for i in range(16)], rel=1e-6)

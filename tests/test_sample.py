@@ -222,3 +222,14 @@ def test_cli_samples_past_the_training_length(tmp_path):
     assert proc.returncode == 0, proc.stderr
     samples = proc.stdout.split("\n---------------\n")
     assert len(samples) == 3 and samples[2] == "" and all(s.startswith("good night, sweet lord") for s in samples[:2])
+
+
+def test_factors_above_the_evaluations_cap_are_one_line_errors(tmp_path):
+    # the cap the evaluation uses (common.MAX_FACTOR), pinned or reached through the length asked for
+    run_dir = write_run(tmp_path / "rope")
+    for argv, message in ((["--factor", "1e300"], "--factor 1e300 is too large: use auto or a number <= 1e+06"),
+                          (["--max_new_tokens", str(10 ** 30)], "factor 6.25e+28, above 1e+06")):
+        proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), str(run_dir), "--method", "ntk", *argv],
+                              capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              timeout=120)
+        assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
