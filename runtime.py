@@ -15,6 +15,7 @@ from common import UserError, atomic, claim_output, data_dir, release_outputs, w
 from data.dataset import builtin, load_meta, load_split
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
+from pretrained import is_model_folder, read_run, tokenizer_identity
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
 from wandb_runs import RUN_FILE
 
@@ -47,7 +48,9 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Read a ckpt.pt written by train.py (path: the file or its run folder)."""
+    """Read a ckpt.pt written by train.py (path: the file or its run folder), or a pretrained model's folder."""
+    if is_model_folder(path):  # a Hugging Face model folder is a run too
+        return read_run(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
@@ -73,6 +76,13 @@ def checkpoint_config(ckpt):
 
 def model_from_checkpoint(ckpt, config=None):
     """The checkpoint's model (config: a GPTConfig to build instead of its own, for a fine-tune)."""
+    if "pretrained" in ckpt:  # no random init of weights about to be replaced (billions of draws at 7B)
+        with torch.device("meta"):
+            model = GPT(checkpoint_config(ckpt))
+        model.load_state_dict(ckpt["model"], assign=True)
+        if model.config.tie_embeddings:  # assign gave the embedding and the head a Parameter each: one again
+            model.transformer.wte.weight = model.lm_head.weight
+        return model
     model = GPT(config or checkpoint_config(ckpt))
     try:
         model.load_state_dict(ckpt["model"])
@@ -85,12 +95,27 @@ def model_from_checkpoint(ckpt, config=None):
 def load_run(run_dir, device="cpu"):
     """(model in eval mode on device, checkpoint, dataset dir); a bad checkpoint or data: a one-line error."""
     ckpt = load_checkpoint(run_dir, device)
+    if "pretrained" in ckpt:
+        return pretrained_run(run_dir, ckpt, device)
     folder = data_dir(ckpt["config"]["dataset"])
     meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
     if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
         # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
         raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
                          f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
+    return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
+
+
+def pretrained_run(run_dir, ckpt, device):
+    """load_run for a pretrained model's folder: its held-out text must be tokenized with the model's own tokenizer."""
+    prepare = f"python data/text/prepare.py SOURCE --name NAME --tokenizer {run_dir}"
+    if ckpt["config"]["dataset"] is None:
+        raise UserError(f"{run_dir} has no held-out text prepared with its tokenizer yet: {prepare}")
+    folder = data_dir(ckpt["config"]["dataset"])
+    meta = load_meta(folder)
+    if meta["tokenizer"] != tokenizer_identity(run_dir):
+        raise UserError(f"data {folder} was tokenized with {meta['tokenizer']}, not {run_dir}'s tokenizer.json: "
+                        f"its ids would mean other tokens; prepare it with the model's tokenizer: {prepare}")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 # ----------------------------------------------------------------------------- a training's run folder

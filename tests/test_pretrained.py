@@ -1,0 +1,153 @@
+"""A Hugging Face model folder read into this repo's GPT (pretrained.py) gives transformers' numbers: the same logits for
+each family, the same per-position NLL under each rope_scaling type; a bad folder is one line. Every model is a tiny one
+built by transformers from a config, with random weights and a tokenizer trained here: nothing is downloaded."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from common import UserError
+from runtime import load_checkpoint, load_run, model_from_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=320,
+            max_position_embeddings=32)
+FAMILIES = {  # model_type: (config class, model class, family-specific settings)
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(rotary_pct=0.25)),  # rotary dim 4 of 16
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=1, sliding_window=24)),
+}
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0},
+}
+
+
+def save_tokenizer(folder):
+    """A byte-level BPE of 300 tokens trained on the README, saved as the folder's tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([(ROOT / "README.md").read_text()[:8000]], trainer)
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def hf_model(folder, family, **settings):
+    """A random transformers model of the family saved into folder (weights, config, tokenizer); returned in eval mode."""
+    config_class, model_class, own = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**SIZE, **own, **settings})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():  # every weight random, norms and biases included, so that each one is tested
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.3 if p.dim() == 1 else 0.08)
+    folder.mkdir(exist_ok=True)
+    model.save_pretrained(folder)
+    save_tokenizer(folder)
+    return model
+
+
+def tokens(n=64, seed=0):
+    return torch.randint(0, 300, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def ours(folder):
+    return model_from_checkpoint(load_checkpoint(folder)).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_gives_transformers_logits(tmp_path, family):
+    hf = hf_model(tmp_path / family, family)
+    idx = tokens()  # 64 tokens, past the 32 of max_position_embeddings: the rotation as it extrapolates too
+    with torch.no_grad():
+        want, got = hf(idx).logits, ours(tmp_path / family)(idx)[0]
+    assert (got - want).abs().max() < 1e-4
+
+
+def test_tied_embeddings_read_as_one_weight(tmp_path):
+    hf = hf_model(tmp_path / "m", "llama", tie_word_embeddings=True)
+    model, idx = ours(tmp_path / "m"), tokens()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    with torch.no_grad():
+        assert (model(idx)[0] - hf(idx).logits).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "llama"])
+def test_transformers_4_config_keys_read_as_5(tmp_path, family):
+    """v4 configs name the base rope_theta (GPT-NeoX: rotary_emb_base), the scaling rope_scaling, Pythia's share rotary_pct."""
+    hf = hf_model(tmp_path / "m", family, rope_scaling=dict(SCALINGS["yarn"]))  # a copy: transformers fills it in
+    path = tmp_path / "m" / "config.json"
+    cfg = json.loads(path.read_text())
+    params = cfg.pop("rope_parameters")
+    cfg.update({"rotary_emb_base": params.pop("rope_theta"), "rotary_pct": params.pop("partial_rotary_factor")}
+               if family == "gpt_neox" else {"rope_theta": params.pop("rope_theta")})
+    cfg["rope_scaling"] = {"type" if family == "llama" else "rope_type": params.pop("rope_type"), **params}
+    path.write_text(json.dumps(cfg))
+    with torch.no_grad():
+        assert (ours(tmp_path / "m")(tokens())[0] - hf(tokens()).logits).abs().max() < 1e-4
+
+
+def per_position_nll(logits, idx):
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), idx[:, 1:], reduction="none").mean(0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+@pytest.mark.parametrize("kind", SCALINGS)
+def test_each_rope_scaling_gives_transformers_nll_by_position(tmp_path, family, kind):
+    """A model's own rope_scaling (Llama 3's, a YaRN fine-tune's) is its trained state: read as transformers reads it,
+    over the rotary dims only for GPT-NeoX's partial rotary (the attention factor too)."""
+    hf = hf_model(tmp_path / "m", family, rope_scaling=dict(SCALINGS[kind]))  # a copy, as above
+    idx = tokens(96)  # 3x max_position_embeddings: the dynamic base grows with the length
+    with torch.no_grad():
+        want, got = per_position_nll(hf(idx).logits, idx), per_position_nll(ours(tmp_path / "m")(idx)[0], idx)
+    assert (got - want).abs().max() < 1e-4
+
+
+# ----------------------------------------------------------------------------- what is refused, in one line
+
+def refused(folder):
+    with pytest.raises(UserError) as e:
+        load_checkpoint(folder)
+    return str(e.value)
+
+
+def test_another_architecture_is_one_line_naming_the_supported(tmp_path):
+    hf_model(tmp_path / "m", "llama")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    assert "model_type 'gpt2'" in (error := refused(tmp_path / "m")) and "Pythia" in error and "Mistral" in error
+
+
+def test_missing_damaged_or_mismatched_weights_are_one_line(tmp_path):
+    hf_model(tmp_path / "m", "gpt_neox")
+    path, cfg = tmp_path / "m" / "config.json", json.loads((tmp_path / "m" / "config.json").read_text())
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    assert "no tensor 'gpt_neox.layers.2." in refused(tmp_path / "m")
+    path.write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    assert "dense_h_to_4h.weight is (96, 64), the config makes it (128, 64)" in refused(tmp_path / "m")
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 1}))
+    assert "tensors it has no place for (gpt_neox.layers.1." in refused(tmp_path / "m")
+    path.write_text("{not json")
+    assert "config.json is damaged" in refused(tmp_path / "m")
+    path.write_text(json.dumps(cfg))
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert "model.safetensors is damaged" in refused(tmp_path / "m")
+    weights.unlink()
+    assert "has no *.safetensors weights" in refused(tmp_path / "m")
+
+
+def test_a_pretrained_folder_without_its_held_out_text_says_how_to_prepare_it(tmp_path):
+    hf_model(tmp_path / "m", "llama")
+    with pytest.raises(UserError, match=r"prepare.py SOURCE --name NAME --tokenizer"):
+        load_run(tmp_path / "m")
