@@ -2,7 +2,6 @@
 and its weights as the state dict of this repository's GPT, so that every method applies to it as to a trained run.
 Families: GPT-NeoX (Pythia), Llama, Qwen2, Mistral. transformers 4.x configs (rope_theta, rope_scaling, rotary_pct) and
 5.x configs (rope_parameters) alike; a model's own rope scaling (Llama 3's) is part of its trained state."""
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -11,11 +10,11 @@ import torch
 
 from common import UserError
 from config import gpt_config
+from data.tokenizer import DATA_FILE
 from rope import ORIGINAL, scaling_type
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout"
-DATA_FILE = "ropelab.json"  # {"dataset": NAME}: the held-out text the folder is read with (prepare.py --tokenizer)
 IGNORED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers older checkpoints saved
 
 
@@ -219,15 +218,6 @@ def state_dict(tensors, family, c, folder):
 
 
 # ----------------------------------------------------------------------------- the folder as a run
-
-def tokenizer_identity(folder):
-    """What a corpus prepared with this folder's tokenizer records: the sha256 of its tokenizer.json."""
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise UserError(f"{path} is missing: ropelab reads a model's tokenizer from its tokenizer.json (the fast "
-                        "tokenizer file of the Hugging Face layout)")
-    return {"tokenizer.json": hashlib.sha256(path.read_bytes()).hexdigest()}
-
 
 def dataset_of(folder):
     """The held-out text the folder is read with (DATA_FILE), or None if none was prepared for it."""

@@ -13,9 +13,10 @@ import torch
 
 from common import UserError, atomic, claim_output, data_dir, release_outputs, write_atomic
 from data.dataset import builtin, load_meta, load_split
+from data.tokenizer import ModelTokenizer, gpt2_tokenizer, tokenizer_identity
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
-from pretrained import is_model_folder, read_run, tokenizer_identity
+from pretrained import is_model_folder, read_run
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
 from wandb_runs import RUN_FILE
 
@@ -104,6 +105,13 @@ def load_run(run_dir, device="cpu"):
         raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
                          f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
+
+
+def run_tokenizer(ckpt):
+    """The tokenizer of a run's text: a pretrained model's own, else GPT-2's BPE cut to the run's vocabulary."""
+    if "pretrained" in ckpt:
+        return ModelTokenizer(ckpt["pretrained"]["folder"])
+    return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])
 
 
 def pretrained_run(run_dir, ckpt, device):

@@ -151,3 +151,66 @@ def test_a_pretrained_folder_without_its_held_out_text_says_how_to_prepare_it(tm
     hf_model(tmp_path / "m", "llama")
     with pytest.raises(UserError, match=r"prepare.py SOURCE --name NAME --tokenizer"):
         load_run(tmp_path / "m")
+
+
+# ----------------------------------------------------------------------------- its own tokenizer, every command
+
+@pytest.fixture(scope="module")
+def pythia(tmp_path_factory):
+    """A tiny random GPT-NeoX folder with held-out text prepared by its own tokenizer (8 documents, 2 held out)."""
+    from data.text.prepare import prepare
+    root = tmp_path_factory.mktemp("pythia")
+    hf_model(root / "model", "gpt_neox", max_position_embeddings=16)
+    texts = root / "texts"
+    texts.mkdir()
+    words = (ROOT / "README.md").read_text().split()
+    for i in range(8):
+        (texts / f"doc{i}.txt").write_text(" ".join(words[i * 400:(i + 1) * 400]))
+    prepare(texts, out_dir=root / "data", val_fraction=0.25, tokenizer=root / "model", workers=1)
+    return root / "model"
+
+
+def test_held_out_text_is_tokenized_by_the_model_and_recorded_in_its_folder(pythia):
+    from tokenizers import Tokenizer
+    model, ckpt, folder = load_run(pythia)
+    meta = json.loads((folder / "meta.json").read_text())
+    tok = Tokenizer.from_file(str(pythia / "tokenizer.json"))
+    assert meta["tokenizer"] == {"tokenizer.json": __import__("hashlib").sha256((pythia / "tokenizer.json").read_bytes())
+                                 .hexdigest()}
+    assert meta["vocab_size"] == tok.get_vocab_size() and meta["eot_token"] == 2  # transformers' default eos_token_id
+    assert ckpt["pretrained"]["family"] == "gpt_neox" and model.config.parallel_residual
+
+
+def test_a_corpus_tokenized_otherwise_is_refused_in_one_line(pythia, dataset, tmp_path):
+    import shutil
+    other = tmp_path / "model"
+    shutil.copytree(pythia, other)
+    (other / "ropelab.json").write_text(json.dumps({"dataset": str(Path(dataset).resolve())}))  # GPT-2 BPE text
+    with pytest.raises(UserError, match="was tokenized with gpt2, not .*tokenizer.json: its ids would mean other tokens"):
+        load_run(other)
+
+
+def test_every_command_reads_a_model_folder_with_every_method(pythia, tmp_path):
+    """extrapolate (every method, windows and sliding), the context sweep and sample take the folder as a run."""
+    import sample
+    from eval import extrapolate
+    from eval.methods import METHODS
+    from lab import context
+    extrapolate.main([str(pythia), "--lengths", "1,2", "--methods", ",".join(METHODS), "--out", str(tmp_path / "x"),
+                      "--no-wandb", "--device", "cpu", "--tokens", "128", "--dynamic_modes", "sequence,causal", "--pair_factors", "1,2"])
+    report = json.loads((tmp_path / "x" / "extrapolation.json").read_text())
+    scored = {r["method"] for r in report["results"] if r["available"] and r["ppl"]}
+    assert scored == set(METHODS) and {r["mode"] for r in report["results"]} >= {"sequence", "causal"}
+    context.main([str(pythia), "--out", str(tmp_path / "c"), "--device", "cpu", "--units", "2",
+                  "--contexts", "0.5,1,2"])
+    from lab import probes
+    report = probes.probes(probes.parse_args([str(pythia), "--out", str(tmp_path / "p"), "--trials", "2", "--segment", "4",
+                                             "--distances", "0.5,2", "--lengths", "8", "--depths", "0.5",
+                                             "--methods", "none,crop,yarn", "--probes", "copy,passkey", "--no-wandb"]))
+    assert {r["probe"] for r in report["results"] if r["available"]} == {"copy", "passkey"}
+    samples = sample.sample(sample.parse_args([str(pythia), "--max_new_tokens", "4", "--prompt", "the model",
+                                               "--device", "cpu"]))
+    assert samples[0].startswith("the model")
+    from tokenizers import Tokenizer  # the prompt is the model's tokens: its decoding is the model tokenizer's
+    tok = Tokenizer.from_file(str(pythia / "tokenizer.json"))
+    assert tok.decode(tok.encode(samples[0]).ids) == samples[0]
