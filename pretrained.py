@@ -79,7 +79,11 @@ def family_args(cfg, family, folder):
 
 def model_config(folder):
     """(family, GPTConfig) of a model folder; another architecture or a missing key is a UserError."""
-    cfg = read_json(Path(folder) / "config.json", "JSON")
+    return config_of(read_json(Path(folder) / "config.json", "JSON"), folder)
+
+
+def config_of(cfg, folder):
+    """(family, GPTConfig) of a config.json's contents (folder: where it came from, for the errors)."""
     family = cfg.get("model_type") if isinstance(cfg, dict) else None
     if family not in FAMILIES:
         refuse(folder, f"model_type {family!r} is not one ropelab reads")
