@@ -145,7 +145,8 @@ def check_model(c):
         raise UserError(f"norm_eps must be a number > 0, got {c.norm_eps!r}")
     if c.mlp_hidden is not None and (type(c.mlp_hidden) is not int or c.mlp_hidden < 1):
         raise UserError(f"mlp_hidden must be an integer >= 1 (or None: 4 * n_embd), got {c.mlp_hidden!r}")
-    if c.n_kv_head is not None and (type(c.n_kv_head) is not int or c.n_kv_head < 1 or c.n_head % c.n_kv_head):
+    kv = c.n_kv_head
+    if kv is not None and (type(kv) is not int or kv < 1 or c.n_head % kv):
         raise UserError(f"n_kv_head must divide n_head={c.n_head} (or be None: n_head), got {c.n_kv_head!r}")
     if c.pos_emb == "rope" and head_dim % 2:
         raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {head_dim}")

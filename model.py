@@ -38,7 +38,7 @@ class GPTConfig:
     rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
     ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
     train_len: int | None = None  # the original training length the methods scale from: block_size, or a fine-tune's first run's
-    # the architecture of a pretrained model (pretrained.py reads GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
+    # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
     norm: str = "layernorm"  # or "rmsnorm" (Llama)
     norm_eps: float = 1e-5
     bias: bool = False  # biases on every linear layer and LayerNorm (GPT-NeoX)
@@ -91,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
         if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
-        if self.n_kv_head != self.n_head:  # grouped-query attention: query head h reads key/value head h // group
+        if self.n_kv_head != self.n_head:  # grouped-query attention: query head h reads k/v head h // group
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         y = pos.variant(pos, q, k, v, self.ssmax, self.attend, self.dropout if self.training else 0.0)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))

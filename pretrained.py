@@ -1,7 +1,8 @@
-"""A Hugging Face model folder (config.json, *.safetensors, tokenizer.json) read as a run: its config.json as a GPTConfig
-and its weights as the state dict of this repository's GPT, so that every method applies to it as to a trained run.
-Families: GPT-NeoX (Pythia), Llama, Qwen2, Mistral. transformers 4.x configs (rope_theta, rope_scaling, rotary_pct) and
-5.x configs (rope_parameters) alike; a model's own rope scaling (Llama 3's) is part of its trained state."""
+"""A Hugging Face model folder (config.json, *.safetensors, tokenizer.json) read as a run: config.json as a
+GPTConfig and the weights as a state dict of this repository's GPT, so that every method applies to it as to a
+trained run. Families: GPT-NeoX (Pythia), Llama, Qwen2, Mistral. Configs of transformers 4.x (rope_theta,
+rope_scaling, rotary_pct) and 5.x (rope_parameters) alike; a model's own rope scaling (Llama 3's) is part
+of its trained state."""
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,7 @@ from rope import ORIGINAL, scaling_type
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout"
-IGNORED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers older checkpoints saved
+IGNORED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers older files hold
 
 
 def is_model_folder(path):
@@ -28,7 +29,8 @@ def read_json(path, what):
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise UserError(f"{path} is missing: a model folder holds config.json, *.safetensors and tokenizer.json") from None
+        raise UserError(f"{path} is missing: a model folder holds config.json, *.safetensors and "
+                        "tokenizer.json") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is damaged: not {what} ({type(e).__name__}: {str(e)[:60]})") from None
 
@@ -36,14 +38,15 @@ def read_json(path, what):
 # ----------------------------------------------------------------------------- config.json -> GPTConfig
 
 def rope_settings(cfg, family):
-    """(base, trained rope_scaling dict or None) from v5's rope_parameters or v4's rope_theta / rope_scaling / rotary_pct.
-    The partial rotary factor goes into the dict, where rope.py reads it (frequencies over the rotary dims only)."""
+    """(base, the trained rope_scaling dict or None), from v5's rope_parameters or v4's keys. The partial
+    rotary factor goes into the dict, where rope.py reads it: frequencies over the rotary dims only."""
     params = dict(cfg.get("rope_parameters") or {})
     base = params.pop("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
-    partial = params.pop("partial_rotary_factor", cfg.get("partial_rotary_factor",
-                                                          cfg.get("rotary_pct", 0.25 if family == "gpt_neox" else 1.0)))
+    default = 0.25 if family == "gpt_neox" else 1.0  # transformers' defaults
+    partial = cfg.get("partial_rotary_factor", cfg.get("rotary_pct", default))
+    partial = params.pop("partial_rotary_factor", partial)
     scaling = {**(cfg.get("rope_scaling") or {}), **params}
-    if scaling_type(scaling) == "dynamic":  # transformers' dynamic NTK scales from max_position_embeddings, whatever this says
+    if scaling_type(scaling) == "dynamic":  # transformers scales it from max_position_embeddings, always
         scaling.pop(ORIGINAL, None)
     if partial != 1.0:
         scaling["partial_rotary_factor"] = partial
@@ -58,23 +61,24 @@ def refuse(folder, what):
 
 def family_args(cfg, family, folder):
     """The GPTConfig fields that differ between the families."""
+    get = cfg.get
     if family == "gpt_neox":
-        if cfg.get("hidden_act", "gelu") != "gelu" or not cfg.get("attention_bias", True):
-            refuse(folder, f"hidden_act {cfg.get('hidden_act')!r} / attention_bias {cfg.get('attention_bias')!r} "
-                           "(GPT-NeoX as Pythia: gelu, biases)")
-        return dict(norm="layernorm", norm_eps=cfg.get("layer_norm_eps", 1e-5), bias=True, mlp="gelu",
-                    parallel_residual=cfg.get("use_parallel_residual", True))
+        if get("hidden_act", "gelu") != "gelu" or not get("attention_bias", True):
+            refuse(folder, f"hidden_act {get('hidden_act')!r}, attention_bias {get('attention_bias')!r} "
+                           "(GPT-NeoX as Pythia has: gelu, biases)")
+        return dict(norm="layernorm", norm_eps=get("layer_norm_eps", 1e-5), bias=True, mlp="gelu",
+                    parallel_residual=get("use_parallel_residual", True))
     heads = cfg["num_attention_heads"]
-    if cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        refuse(folder, f"hidden_act {cfg.get('hidden_act')!r}, attention_bias {cfg.get('attention_bias')!r}, mlp_bias "
-                       f"{cfg.get('mlp_bias')!r} (the Llama family: silu, no biases but Qwen2's q/k/v)")
-    if cfg.get("head_dim") not in (None, cfg["hidden_size"] // heads):
+    if get("hidden_act", "silu") != "silu" or get("attention_bias") or get("mlp_bias"):
+        refuse(folder, f"hidden_act {get('hidden_act')!r}, attention_bias {get('attention_bias')!r}, "
+                       f"mlp_bias {get('mlp_bias')!r} (the Llama family: silu, no biases but Qwen2's q/k/v)")
+    if get("head_dim") not in (None, cfg["hidden_size"] // heads):
         refuse(folder, f"head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads")
-    if family == "qwen2" and cfg.get("use_sliding_window"):
+    if family == "qwen2" and get("use_sliding_window"):
         refuse(folder, "use_sliding_window (Qwen2's sliding window on some layers only)")
-    window = cfg.get("sliding_window") if family == "mistral" else None  # Mistral 7B v0.1: every layer local
-    return dict(norm="rmsnorm", norm_eps=cfg.get("rms_norm_eps", 1e-6), mlp="swiglu", qkv_bias=family == "qwen2",
-                n_kv_head=cfg.get("num_key_value_heads") or heads, rope_window=window)
+    window = get("sliding_window") if family == "mistral" else None  # Mistral 7B v0.1: every layer's
+    return dict(norm="rmsnorm", norm_eps=get("rms_norm_eps", 1e-6), mlp="swiglu", qkv_bias=family == "qwen2",
+                n_kv_head=get("num_key_value_heads") or heads, rope_window=window)
 
 
 def model_config(folder):
@@ -89,10 +93,12 @@ def config_of(cfg, folder):
         refuse(folder, f"model_type {family!r} is not one ropelab reads")
     try:
         base, scaling = rope_settings(cfg, family)
-        args = dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"],
-                    n_embd=cfg["hidden_size"], block_size=cfg["max_position_embeddings"], pos_emb="rope",
-                    rope_layout="half", rope_base=float(base), rope_scaling=scaling, mlp_hidden=cfg["intermediate_size"],
-                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), **family_args(cfg, family, folder))
+        args = dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"],
+                    n_head=cfg["num_attention_heads"], n_embd=cfg["hidden_size"],
+                    block_size=cfg["max_position_embeddings"], pos_emb="rope", rope_layout="half",
+                    rope_base=float(base), rope_scaling=scaling, mlp_hidden=cfg["intermediate_size"],
+                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                    **family_args(cfg, family, folder))
     except KeyError as e:
         refuse(folder, f"no {e.args[0]!r}")
     try:
@@ -104,7 +110,7 @@ def config_of(cfg, folder):
 # ----------------------------------------------------------------------------- safetensors -> state dict
 
 def read_weights(folder):
-    """Every tensor of the folder's safetensors files (sharded: as model.safetensors.index.json lists them)."""
+    """Every tensor of the folder's safetensors files (sharded: those model.safetensors.index.json names)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     folder = Path(folder)
@@ -114,8 +120,8 @@ def read_weights(folder):
     else:
         files = [p.name for p in sorted(folder.glob("*.safetensors"))]
     if not files:
-        raise UserError(f"{folder} has no *.safetensors weights (pytorch_model.bin is not read: convert it to "
-                        "safetensors, or download the model's safetensors files)")
+        raise UserError(f"{folder} has no *.safetensors weights (pytorch_model.bin is not read: download the "
+                        "model's safetensors files, or convert it)")
     tensors = {}
     for name in files:
         try:
@@ -128,32 +134,31 @@ def read_weights(folder):
 
 
 class Weights:
-    """The folder's tensors, taken by name with the shape the config implies; what is missing, mis-shaped or left over
-    is a UserError (weights that do not match config.json)."""
+    """The folder's tensors, each taken by name with the shape the config implies, in float32. What is
+    missing, of another shape or left over is a UserError: the weights do not match config.json."""
 
     def __init__(self, tensors, folder):
-        self.tensors, self.folder, self.taken = tensors, folder, set()
+        self.tensors, self.taken = tensors, set()
+        self.wrong = f"{folder}: the weights do not match config.json"
 
     def __call__(self, name, *shape):
         if name not in self.tensors:
-            raise UserError(f"{self.folder}: the weights do not match config.json: no tensor {name!r}")
+            raise UserError(f"{self.wrong}: no tensor {name!r}")
         t = self.tensors[name]
         if tuple(t.shape) != shape:
-            raise UserError(f"{self.folder}: the weights do not match config.json: {name} is {tuple(t.shape)}, "
-                            f"the config makes it {shape}")
+            raise UserError(f"{self.wrong}: {name} is {tuple(t.shape)}, the config makes it {shape}")
         self.taken.add(name)
         return t.float()
 
     def check_all_taken(self):
         if left := sorted(k for k in self.tensors if k not in self.taken and not k.endswith(IGNORED)):
-            raise UserError(f"{self.folder}: the weights do not match config.json: {len(left)} tensors it has no place "
-                            f"for ({left[0]}, ...)")
+            raise UserError(f"{self.wrong}: {len(left)} tensors it has no place for ({left[0]}, ...)")
 
 
 def rotary_order(head_dim, scaling):
-    """Channel order [head_dim] taking a Hugging Face q/k head to this repo's half layout. HF rotates the first rotary
-    dims r (pairs (i, i + r/2)); rope.py pairs (i, i + head_dim/2) for i < r/2, the rest unrotated. A permutation of q
-    and k channels alike leaves q . k unchanged, so it is exact; with r = head_dim it is the identity."""
+    """Channel order [head_dim] taking a Hugging Face q/k head to rope.py's half layout. HF rotates the first
+    r rotary dims, pairs (i, i + r/2); rope.py pairs (i, i + head_dim/2) for i < r/2 and leaves the rest.
+    Applied to q and k alike, a permutation leaves q . k unchanged; with r = head_dim it is the identity."""
     r = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0))
     rest = (head_dim - r) // 2
     return torch.cat((torch.arange(0, r // 2), torch.arange(r, r + rest), torch.arange(r // 2, r),
@@ -161,43 +166,47 @@ def rotary_order(head_dim, scaling):
 
 
 def heads(t, n_head, order):
-    """Rows of a projection [n_head * head_dim, ...] with each head's channels in `order`."""
+    """The rows of a projection [n_head * head_dim, ...] with each head's channels in `order`."""
     return t.view(n_head, len(order), *t.shape[1:])[:, order].reshape(t.shape)
 
 
 def neox_layer(w, p, c, order):
-    """One GPT-NeoX layer: query_key_value's rows are grouped (head, [q, k, v], head_dim), made [all q; all k; all v]."""
+    """One GPT-NeoX layer. query_key_value's rows are grouped (head, [q, k, v], head_dim): made [q; k; v]."""
     C, H, hd, inner = c.n_embd, c.n_head, c.n_embd // c.n_head, c.mlp_hidden
 
     def qkv(t):  # [3C, ...] -> [3C, ...]
-        q, k, v = t.view(H, 3, hd, *t.shape[1:]).unbind(1)
-        return torch.cat([heads(q.reshape(C, *t.shape[1:]), H, order), heads(k.reshape(C, *t.shape[1:]), H, order),
-                          v.reshape(C, *t.shape[1:])])
+        q, k, v = (x.reshape(C, *t.shape[1:]) for x in t.view(H, 3, hd, *t.shape[1:]).unbind(1))
+        return torch.cat([heads(q, H, order), heads(k, H, order), v])
+    a, m = p + "attention.", p + "mlp."
     return {"ln_1.weight": w(p + "input_layernorm.weight", C), "ln_1.bias": w(p + "input_layernorm.bias", C),
             "ln_2.weight": w(p + "post_attention_layernorm.weight", C),
             "ln_2.bias": w(p + "post_attention_layernorm.bias", C),
-            "attn.c_attn.weight": qkv(w(p + "attention.query_key_value.weight", 3 * C, C)),
-            "attn.c_attn.bias": qkv(w(p + "attention.query_key_value.bias", 3 * C)),
-            "attn.c_proj.weight": w(p + "attention.dense.weight", C, C), "attn.c_proj.bias": w(p + "attention.dense.bias", C),
-            "mlp.c_fc.weight": w(p + "mlp.dense_h_to_4h.weight", inner, C), "mlp.c_fc.bias": w(p + "mlp.dense_h_to_4h.bias", inner),
-            "mlp.c_proj.weight": w(p + "mlp.dense_4h_to_h.weight", C, inner),
-            "mlp.c_proj.bias": w(p + "mlp.dense_4h_to_h.bias", C)}
+            "attn.c_attn.weight": qkv(w(a + "query_key_value.weight", 3 * C, C)),
+            "attn.c_attn.bias": qkv(w(a + "query_key_value.bias", 3 * C)),
+            "attn.c_proj.weight": w(a + "dense.weight", C, C), "attn.c_proj.bias": w(a + "dense.bias", C),
+            "mlp.c_fc.weight": w(m + "dense_h_to_4h.weight", inner, C),
+            "mlp.c_fc.bias": w(m + "dense_h_to_4h.bias", inner),
+            "mlp.c_proj.weight": w(m + "dense_4h_to_h.weight", C, inner),
+            "mlp.c_proj.bias": w(m + "dense_4h_to_h.bias", C)}
 
 
 def llama_layer(w, p, c, order):
-    """One Llama / Qwen2 / Mistral layer: q, k, v stacked into c_attn, gate and up into c_fc."""
+    """One Llama / Qwen2 / Mistral layer: q, k and v stacked into c_attn, gate and up into c_fc."""
     C, H, KV, hd, inner = c.n_embd, c.n_head, c.n_kv_head, c.n_embd // c.n_head, c.mlp_hidden
-    a = p + "self_attn."
-    layer = {"ln_1.weight": w(p + "input_layernorm.weight", C), "ln_2.weight": w(p + "post_attention_layernorm.weight", C),
-             "attn.c_attn.weight": torch.cat((heads(w(a + "q_proj.weight", H * hd, C), H, order),
-                                              heads(w(a + "k_proj.weight", KV * hd, C), KV, order),
-                                              w(a + "v_proj.weight", KV * hd, C))),
-             "attn.c_proj.weight": w(a + "o_proj.weight", C, H * hd),
-             "mlp.c_fc.weight": torch.cat((w(p + "mlp.gate_proj.weight", inner, C), w(p + "mlp.up_proj.weight", inner, C))),
-             "mlp.c_proj.weight": w(p + "mlp.down_proj.weight", C, inner)}
+    a, m = p + "self_attn.", p + "mlp."
+
+    def qkv(kind, *dims):  # "weight" with dims (C,), "bias" with none
+        return torch.cat((heads(w(a + "q_proj." + kind, H * hd, *dims), H, order),
+                          heads(w(a + "k_proj." + kind, KV * hd, *dims), KV, order),
+                          w(a + "v_proj." + kind, KV * hd, *dims)))
+    layer = {"ln_1.weight": w(p + "input_layernorm.weight", C),
+             "ln_2.weight": w(p + "post_attention_layernorm.weight", C),
+             "attn.c_attn.weight": qkv("weight", C), "attn.c_proj.weight": w(a + "o_proj.weight", C, H * hd),
+             "mlp.c_fc.weight": torch.cat((w(m + "gate_proj.weight", inner, C),
+                                           w(m + "up_proj.weight", inner, C))),
+             "mlp.c_proj.weight": w(m + "down_proj.weight", C, inner)}
     if c.qkv_bias:
-        layer["attn.c_attn.bias"] = torch.cat((heads(w(a + "q_proj.bias", H * hd), H, order),
-                                               heads(w(a + "k_proj.bias", KV * hd), KV, order), w(a + "v_proj.bias", KV * hd)))
+        layer["attn.c_attn.bias"] = qkv("bias")
     return layer
 
 
@@ -206,10 +215,10 @@ def state_dict(tensors, family, c, folder):
     w, order = Weights(tensors, folder), rotary_order(c.n_embd // c.n_head, c.rope_scaling)
     neox = family == "gpt_neox"
     top, layer = ("gpt_neox.", neox_layer) if neox else ("model.", llama_layer)
-    sd = {"transformer.wte.weight": w(top + ("embed_in.weight" if neox else "embed_tokens.weight"), c.vocab_size, c.n_embd)}
+    embedding = top + ("embed_in.weight" if neox else "embed_tokens.weight")
+    sd = {"transformer.wte.weight": w(embedding, c.vocab_size, c.n_embd)}
     for i in range(c.n_layer):
-        p = f"{top}layers.{i}."
-        sd.update({f"transformer.h.{i}.{k}": v for k, v in layer(w, p, c, order).items()})
+        sd.update({f"transformer.h.{i}.{k}": v for k, v in layer(w, f"{top}layers.{i}.", c, order).items()})
     final = top + ("final_layer_norm." if neox else "norm.")
     sd["transformer.ln_f.weight"] = w(final + "weight", c.n_embd)
     if neox:

@@ -49,7 +49,7 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Read a ckpt.pt written by train.py (path: the file or its run folder), or a pretrained model's folder."""
+    """Read a ckpt.pt written by train.py (path: the file or its run folder), or a model folder's weights."""
     if is_model_folder(path):  # a Hugging Face model folder is a run too
         return read_run(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
@@ -108,22 +108,23 @@ def load_run(run_dir, device="cpu"):
 
 
 def run_tokenizer(ckpt):
-    """The tokenizer of a run's text: a pretrained model's own, else GPT-2's BPE cut to the run's vocabulary."""
+    """The tokenizer of a run's text: a pretrained model's own, else GPT-2's BPE cut to its vocabulary."""
     if "pretrained" in ckpt:
         return ModelTokenizer(ckpt["pretrained"]["folder"])
     return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])
 
 
 def pretrained_run(run_dir, ckpt, device):
-    """load_run for a pretrained model's folder: its held-out text must be tokenized with the model's own tokenizer."""
+    """load_run for a pretrained model's folder: its held-out text must be tokenized by its own tokenizer."""
     prepare = f"python data/text/prepare.py SOURCE --name NAME --tokenizer {run_dir}"
     if ckpt["config"]["dataset"] is None:
         raise UserError(f"{run_dir} has no held-out text prepared with its tokenizer yet: {prepare}")
     folder = data_dir(ckpt["config"]["dataset"])
     meta = load_meta(folder)
     if meta["tokenizer"] != tokenizer_identity(run_dir):
-        raise UserError(f"data {folder} was tokenized with {meta['tokenizer']}, not {run_dir}'s tokenizer.json: "
-                        f"its ids would mean other tokens; prepare it with the model's tokenizer: {prepare}")
+        raise UserError(f"data {folder} was tokenized with {meta['tokenizer']}, not {run_dir}'s "
+                        f"tokenizer.json: its ids would mean other tokens; prepare it with the model's: "
+                        f"{prepare}")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 # ----------------------------------------------------------------------------- a training's run folder

@@ -65,8 +65,9 @@ def load_meta(data_dir, verify=True):
         raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
     vocab, eot = meta.get("vocab_size"), meta.get("eot_token")
     # GPT-2's EOT id is the largest id written; a pretrained model's tokenizer puts its own anywhere
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or not isinstance(eot, int) or not 0 <= eot < vocab or (
-            meta.get("tokenizer", "gpt2") == "gpt2" and eot != vocab - 1):
+    gpt2 = meta.get("tokenizer", "gpt2") == "gpt2"
+    ids = not isinstance(vocab, bool) and isinstance(vocab, int) and isinstance(eot, int) and 0 <= eot < vocab
+    if not ids or gpt2 and eot != vocab - 1:
         raise UserError(f"{folder / 'meta.json'} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
                         f"is an id below it, vocab_size - 1 with GPT-2's BPE); {fix}")
     stamp, stamps, fresh = folder / "verified.json", {}, {}

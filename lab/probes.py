@@ -314,7 +314,8 @@ def probes(args):
         check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
                  mqar=lambda: mqar_probe(model, tokens, docs, args, rvocab),
-                 passkey=lambda: passkey_probe(model, tokens, docs, args, run_tokenizer(ckpt).encode_ordinary),
+                 passkey=lambda: passkey_probe(model, tokens, docs, args,
+                                               run_tokenizer(ckpt).encode_ordinary),
                  rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
     results, seconds = [], {}
     for name in args["probes"]:

@@ -1,11 +1,11 @@
-"""What reading a long input costs, per method: targets scored per second and peak memory for one window of each length,
-through eval/score.py's path (crop: its strided truncation windows), on a model of Pythia-160M's shape with random
-weights (the cost does not depend on the weights), or on a model folder's.
+"""What reading a long input costs, per method: targets scored per second and peak memory for one window of
+each length, through eval/score.py's path (crop: its strided truncation windows), on a model of Pythia-160M's
+shape with random weights (the cost does not depend on the weights), or on a model folder's.
 
-    python lab/read_cost.py [--model DIR] [--lengths 2,4] [--methods none,crop,yarn,self-extend,rerope] [--device cpu]
+    python lab/read_cost.py [--model DIR] [--lengths 2,4] [--methods none,crop,yarn,...] [--device cpu]
 
-Peak memory is what the method adds to the loaded model: on the CPU a forked process's peak resident memory (VmHWM)
-above its start, on CUDA the allocator's peak above the memory in use before."""
+Peak memory is what the method adds to the loaded model: on the CPU a forked process's peak resident memory
+(VmHWM) above its start, on CUDA the allocator's peak above the memory in use before."""
 import os
 import sys
 import time
@@ -24,9 +24,10 @@ from model import GPT
 from pretrained import config_of
 from runtime import load_checkpoint, model_from_checkpoint
 
-PYTHIA_160M = dict(model_type="gpt_neox", vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                   intermediate_size=3072, max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000,
-                   use_parallel_residual=True, layer_norm_eps=1e-5, tie_word_embeddings=False)  # its config.json
+PYTHIA_160M = dict(  # its config.json
+    model_type="gpt_neox", vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+    intermediate_size=3072, max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000,
+    use_parallel_residual=True, layer_norm_eps=1e-5, tie_word_embeddings=False)
 
 
 def memory_kib(field):
@@ -51,7 +52,7 @@ def measured(fn, device):
 
 
 def in_child(fn, device):
-    """measured(fn) in a forked process on the CPU, so that one method's freed memory is not the next one's."""
+    """measured(fn), on the CPU in a forked process: one method's freed memory is not the next one's."""
     if device.startswith("cuda"):
         return measured(fn, device)
     parent, child = get_context("fork").Pipe()
@@ -70,10 +71,11 @@ def read_cost(args):
         torch.manual_seed(0)
         model = GPT(config_of(PYTHIA_160M, "Pythia-160M's shape")[1])
     model = model.to(device).eval()
-    L, stride = model.config.block_size, max(1, model.config.block_size // 8)  # extrapolate.py's default crop stride
-    print(f"{model.num_params() / 1e6:.0f}M parameters, trained length {L}, {device}, "
-          f"{'bf16 autocast' if device.startswith('cuda') else 'float32'}, {torch.get_num_threads()} threads; "
-          f"crop strided by {stride}")
+    L = model.config.block_size
+    stride = max(1, L // 8)  # extrapolate.py's default crop stride
+    dtype = "bf16 autocast" if device.startswith("cuda") else "float32"
+    print(f"{model.num_params() / 1e6:.0f}M parameters, trained length {L}, {device}, {dtype}, "
+          f"{torch.get_num_threads()} threads; crop strided by {stride}")
     print(f"{'method':22s}" + "".join(f"{f'{m:g}L = {round(m * L)}':>26s}" for m in args["lengths"]))
     rng = np.random.default_rng(0)
     for method in args["methods"]:
@@ -83,15 +85,17 @@ def read_cost(args):
             tokens = rng.integers(0, model.config.vocab_size, T + 1)
             name = method.removesuffix(" (causal)")
             how = forward_args(name, T, model.config.train_len, L, causal=name != method)
-            seconds, mib = in_child(lambda: score_units(model, tokens, [0], T, "windows", T, None, how, stride), device)
+            def score():
+                score_units(model, tokens, [0], T, "windows", T, None, how, stride)
+            seconds, mib = in_child(score, device)
             cells.append(f"{T / seconds:9,.0f} tok/s {mib:7,.0f} MiB")
         print(f"{method:22s}" + "".join(f"{c:>26s}" for c in cells), flush=True)
 
 
 def parse_args(argv):
     p = command_parser(__doc__, "device")
-    p.add_argument("--model", default=None, help="a model folder (Hugging Face layout) or run folder (default: "
-                                                 "Pythia-160M's shape, random weights)")
+    p.add_argument("--model", default=None, help="a model folder (Hugging Face layout) or run folder "
+                                                 "(default: Pythia-160M's shape, random weights)")
     p.add_argument("--lengths", default="2,4", help="multiples of the trained length (default 2,4)")
     p.add_argument("--methods", default="none,crop,yarn,self-extend,rerope,dynamic-ntk (causal)",
                    help="eval/methods.py's; 'dynamic-ntk (causal)' for the exact causal mode")

@@ -2,7 +2,8 @@
 tokenized in parallel and split by whole document into train and val.
 
     python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
-                                [--vocab_size N | --tokenizer MODEL_DIR] [--val_fraction F] [--workers N] [--overwrite]
+                                [--vocab_size N | --tokenizer MODEL_DIR] [--val_fraction F] [--workers N]
+                                [--overwrite]
 
 SOURCE's forms, the split, the format, the guarantees and the errors: docs/reference.md ("Preparing any corpus").
 """
@@ -166,8 +167,8 @@ def default_name(source):
 def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None, out_dir=None,
             overwrite=False, tokenizer=None):
     """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs,
-    an error if another corpus is there (unless overwrite). tokenizer: a pretrained model's folder, whose tokenizer.json
-    tokenizes instead of GPT-2's BPE; the folder then records this corpus as its held-out text (DATA_FILE)."""
+    an error if another corpus is there (unless overwrite). tokenizer: a pretrained model's folder, whose
+    tokenizer.json tokenizes instead of GPT-2's BPE; the folder then records this corpus (DATA_FILE)."""
     source = str(source)
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -200,10 +201,14 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
                   **({} if named else {"text_field": text_field})}
         print(f"{len(files)} files, {sum(p.stat().st_size for p in files):,} bytes from {path}")
     if tokenizer is not None and vocab_size is not None:
-        raise UserError("--vocab_size cuts GPT-2's BPE; with --tokenizer the model's tokenizer sets the vocabulary")
+        raise UserError("--vocab_size cuts GPT-2's BPE; with --tokenizer the model's tokenizer sets it")
     enc = ModelTokenizer(tokenizer) if tokenizer is not None else None
-    vocab_size = enc.n_vocab if enc else (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
-    same = dict(source=origin, vocab_size=vocab_size, val_fraction=val_fraction, **({"tokenizer": enc.identity} if enc else {}))
+    if enc:
+        vocab_size = enc.n_vocab
+    vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
+    same = dict(source=origin, vocab_size=vocab_size, val_fraction=val_fraction)
+    if enc:
+        same["tokenizer"] = enc.identity
     if is_prepared(out_dir, **same):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
         return model_reads(tokenizer, out_dir)
@@ -240,7 +245,7 @@ if __name__ == "__main__":
                         f"a folder of .txt files only, else {GPT2_VOCAB_SIZE}, the full GPT-2 vocabulary)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer threads (default: the CPU count, at most 8)")
-    parser.add_argument("--tokenizer", default=None, help="a pretrained model's folder: tokenize with its tokenizer.json "
-                        "(its commands then read this corpus)")
+    parser.add_argument("--tokenizer", default=None, help="a pretrained model's folder: tokenize with its "
+                        "tokenizer.json (its commands then read this corpus)")
     parser.add_argument("--overwrite", action="store_true", help="replace a corpus prepared in that folder from other inputs")
     run_cli("prepare.py", lambda: prepare(**vars(parser.parse_args())))
