@@ -41,7 +41,7 @@ class GPTConfig:
     # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
     norm: str = "layernorm"  # or "rmsnorm" (Llama)
     norm_eps: float = 1e-5
-    bias: bool = False  # biases on every linear layer and LayerNorm (GPT-NeoX)
+    biases: bool = False  # biases on every linear layer and LayerNorm (GPT-NeoX)
     qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2)
     mlp: str = "gelu"  # or "swiglu" (Llama: down(silu(gate(x)) * up(x)))
     mlp_hidden: int | None = None  # the MLP's hidden width (None: 4 * n_embd)
@@ -80,8 +80,8 @@ class CausalSelfAttention(nn.Module):
         self.ssmax = nn.Parameter(s) if config.ssmax else None
         # rows: all query heads, then all key heads, then all value heads
         qkv = (config.n_head + 2 * self.n_kv_head) * self.head_dim
-        self.c_attn = nn.Linear(config.n_embd, qkv, bias=config.bias or config.qkv_bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, qkv, bias=config.biases or config.qkv_bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.biases)
         self.attend = Attend()
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -103,8 +103,8 @@ class MLP(nn.Module):
         super().__init__()
         hidden, self.swiglu = config.mlp_hidden or 4 * config.n_embd, config.mlp == "swiglu"
         # SwiGLU: c_fc holds the gate's rows, then the up projection's
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.swiglu else hidden, bias=config.bias)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.swiglu else hidden, bias=config.biases)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.biases)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -117,7 +117,7 @@ class MLP(nn.Module):
 def norm(config):
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.biases)
 
 
 class Block(nn.Module):

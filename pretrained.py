@@ -66,7 +66,7 @@ def family_args(cfg, family, folder):
         if get("hidden_act", "gelu") != "gelu" or not get("attention_bias", True):
             refuse(folder, f"hidden_act {get('hidden_act')!r}, attention_bias {get('attention_bias')!r} "
                            "(GPT-NeoX as Pythia has: gelu, biases)")
-        return dict(norm="layernorm", norm_eps=get("layer_norm_eps", 1e-5), bias=True, mlp="gelu",
+        return dict(norm="layernorm", norm_eps=get("layer_norm_eps", 1e-5), biases=True, mlp="gelu",
                     parallel_residual=get("use_parallel_residual", True))
     heads = cfg["num_attention_heads"]
     if get("hidden_act", "silu") != "silu" or get("attention_bias") or get("mlp_bias"):
