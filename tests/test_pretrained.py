@@ -84,6 +84,15 @@ def test_tied_embeddings_read_as_one_weight(tmp_path):
         assert (model(idx)[0] - hf(idx).logits).abs().max() < 1e-4
 
 
+def test_sharded_weights_read_as_their_index_lists_them(tmp_path):
+    hf = hf_model(tmp_path / "m", "qwen2")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    save_tokenizer(tmp_path / "sharded")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    with torch.no_grad():
+        assert (ours(tmp_path / "sharded")(tokens())[0] - hf(tokens()).logits).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("family", ["gpt_neox", "llama"])
 def test_transformers_4_config_keys_read_as_5(tmp_path, family):
     """v4 configs name the base rope_theta (GPT-NeoX: rotary_emb_base), the scaling rope_scaling, Pythia's
