@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from common import MAX_FACTOR, UserError
-from model import POS_EMBS, GPTConfig
+from model import MLPS, NORMS, POS_EMBS, GPTConfig
 from positions import MIN_BLOCK_SIZE
 from rope import COMMON_KEYS, LAYOUTS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
 
@@ -154,6 +154,16 @@ def check_model(c):
             raise UserError(f"unknown {key} {getattr(c, key)!r}; allowed: {', '.join(allowed)}")
     if c.n_embd % c.n_head:
         raise UserError(f"n_embd={c.n_embd} is not divisible by n_head={c.n_head}")
+    for key, allowed in (("norm", NORMS), ("mlp", MLPS)):
+        if getattr(c, key) not in allowed:
+            raise UserError(f"unknown {key} {getattr(c, key)!r}; allowed: {', '.join(allowed)}")
+    if not (is_number(c.norm_eps) and c.norm_eps > 0):
+        raise UserError(f"norm_eps must be a number > 0, got {c.norm_eps!r}")
+    if c.mlp_hidden is not None and (type(c.mlp_hidden) is not int or c.mlp_hidden < 1):
+        raise UserError(f"mlp_hidden must be an integer >= 1 (or None: 4 * n_embd), got {c.mlp_hidden!r}")
+    kv = c.n_kv_head
+    if kv is not None and (type(kv) is not int or kv < 1 or c.n_head % kv):
+        raise UserError(f"n_kv_head must divide n_head={c.n_head} (or be None: n_head), got {c.n_kv_head!r}")
     if c.pos_emb == "rope" and head_dim % 2:
         raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {head_dim}")
     if c.pos_emb == "alibi" and c.rope_scaling is not None:

@@ -16,6 +16,8 @@ from positions import AS_TRAINED, Attend, forward_positions, sinusoidal_embeddin
 from rope import complete_scaling, scaling_type
 
 POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
 
 
 @dataclass
@@ -35,6 +37,16 @@ class GPTConfig:
     rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
     ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
     train_len: int | None = None  # the original training length the methods scale from: block_size, or a fine-tune's first run's
+    # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
+    norm: str = "layernorm"  # or "rmsnorm" (Llama)
+    norm_eps: float = 1e-5
+    biases: bool = False  # biases on every linear layer and LayerNorm (GPT-NeoX)
+    qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2)
+    mlp: str = "gelu"  # or "swiglu" (Llama: down(silu(gate(x)) * up(x)))
+    mlp_hidden: int | None = None  # the MLP's hidden width (None: 4 * n_embd)
+    n_kv_head: int | None = None  # grouped-query attention: heads of keys and values (None: n_head)
+    parallel_residual: bool = False  # GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))
+    tie_embeddings: bool = True  # the output layer is the token embedding (GPT-2, small Llamas)
 
     def __post_init__(self):  # the user's values are checked where they come in (config.gpt_config), not here
         self.train_len = self.train_len or self.block_size
@@ -60,20 +72,26 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
         self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
+        self.n_kv_head, self.head_dim = config.n_kv_head or config.n_head, config.n_embd // config.n_head
         self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0  # a NoPE layer of a RoPE model
         # SSMax's s_h starts at 1 / log L: s_h * log n is then 1 at the training length, plain softmax there
         s = torch.full((config.n_head,), 1 / math.log(max(2, config.block_size)))
         self.ssmax = nn.Parameter(s) if config.ssmax else None
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # rows: all query heads, then all key heads, then all value heads
+        qkv = (config.n_head + 2 * self.n_kv_head) * self.head_dim
+        self.c_attn = nn.Linear(config.n_embd, qkv, bias=config.biases or config.qkv_bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.biases)
         self.attend = Attend()
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, pos, cache):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).view(B, T, 3 * self.n_head, C // self.n_head).transpose(1, 2).split(self.n_head, dim=1)
+        qkv = self.c_attn(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, heads, T, head_dim)
+        q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
         if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
             k, v = cache.update(self.layer, k, v)
+        if self.n_kv_head != self.n_head:  # grouped-query attention: query head h reads k/v head h // group
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         y = self.attend(q, k, v, pos, self.ssmax, self.dropout if self.training else 0.0)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
@@ -82,24 +100,38 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        hidden, self.swiglu = config.mlp_hidden or 4 * config.n_embd, config.mlp == "swiglu"
+        # SwiGLU: c_fc holds the gate's rows, then the up projection's
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.swiglu else hidden, bias=config.biases)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.biases)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            return self.dropout(self.c_proj(F.silu(gate) * up))
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+def norm(config):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.biases)
 
 
 class Block(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
+        self.ln_1 = norm(config)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.ln_2 = norm(config)
         self.mlp = MLP(config)
+        self.parallel = config.parallel_residual
 
     def forward(self, x, pos, cache):
+        if self.parallel:  # GPT-NeoX: attention and MLP both read the block's input
+            return x + self.attn(self.ln_1(x), pos, cache) + self.mlp(self.ln_2(x))
         x = x + self.attn(self.ln_1(x), pos, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -113,13 +145,14 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=False),
+            ln_f=norm(config),
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.rope_cache = {}  # positions.cached_tables'
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying
         # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer); the order of the draws
         # fixes the weights a seed gives
         self.apply(lambda m: torch.nn.init.normal_(m.weight, std=0.02) if isinstance(m, (nn.Linear, nn.Embedding)) else None)

@@ -13,8 +13,10 @@ import torch
 from common import (UserError, claim_output, data_dir, json_text, lock_holder, open_locked, release_outputs,
                     write_atomic)
 from data.dataset import builtin, load_meta, load_split
+from data.tokenizer import ModelTokenizer, gpt2_tokenizer, tokenizer_identity
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
+from pretrained import is_model_folder, read_run
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
 
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
@@ -46,7 +48,9 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Read a ckpt.pt written by train.py (path: the file or its run folder)."""
+    """Read a ckpt.pt written by train.py (path: the file or its run folder), or a model folder's weights."""
+    if is_model_folder(path):  # a Hugging Face model folder is a run too
+        return read_run(path)
     run = Path(path).parent if Path(path).suffix == ".pt" else Path(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.exists() and replaced(run).is_dir():
@@ -77,6 +81,13 @@ def checkpoint_config(ckpt):
 
 def model_from_checkpoint(ckpt, config=None):
     """The checkpoint's model (config: a GPTConfig to build instead of its own, for a fine-tune)."""
+    if "pretrained" in ckpt:  # no random init of weights about to be replaced (billions of draws at 7B)
+        with torch.device("meta"):
+            model = GPT(checkpoint_config(ckpt))
+        model.load_state_dict(ckpt["model"], assign=True)
+        if model.config.tie_embeddings:  # assign gave the embedding and the head a Parameter each: one again
+            model.transformer.wte.weight = model.lm_head.weight
+        return model
     model = GPT(config or checkpoint_config(ckpt))
     try:
         model.load_state_dict(ckpt["model"])
@@ -89,12 +100,35 @@ def model_from_checkpoint(ckpt, config=None):
 def load_run(run_dir, device="cpu"):
     """(model in eval mode on device, checkpoint, dataset dir); a bad checkpoint or data: a one-line error."""
     ckpt = load_checkpoint(run_dir, device)
+    if "pretrained" in ckpt:
+        return pretrained_run(run_dir, ckpt, device)
     folder = data_dir(ckpt["config"]["dataset"])
     meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
     if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
         # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
         raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
                          f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
+    return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
+
+
+def run_tokenizer(ckpt):
+    """The tokenizer of a run's text: a pretrained model's own, else GPT-2's BPE cut to its vocabulary."""
+    if "pretrained" in ckpt:
+        return ModelTokenizer(ckpt["pretrained"]["folder"])
+    return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])
+
+
+def pretrained_run(run_dir, ckpt, device):
+    """load_run for a pretrained model's folder: its held-out text must be tokenized by its own tokenizer."""
+    prepare = f"python data/text/prepare.py SOURCE --name NAME --tokenizer {run_dir}"
+    if ckpt["config"]["dataset"] is None:
+        raise UserError(f"{run_dir} has no held-out text prepared with its tokenizer yet: {prepare}")
+    folder = data_dir(ckpt["config"]["dataset"])
+    meta = load_meta(folder)
+    if meta["tokenizer"] != tokenizer_identity(run_dir):
+        raise UserError(f"data {folder} was tokenized with {meta['tokenizer']}, not {run_dir}'s "
+                        f"tokenizer.json: its ids would mean other tokens; prepare it with the model's: "
+                        f"{prepare}")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 # ----------------------------------------------------------------------------- a training's run folder

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from data.tokenizer import EOT, gpt2_tokenizer
+from data.tokenizer import EOT
 from eval.methods import FIXED, forward_args, method_factor, unavailable
 from common import MAX_FACTOR, UserError, command_parser, parse_number, run_cli, shared_values
-from runtime import autocast, load_checkpoint, model_from_checkpoint
+from runtime import autocast, load_checkpoint, model_from_checkpoint, run_tokenizer
 
 
 SEPARATOR = "\n---------------\n"
@@ -78,7 +78,7 @@ def sample(args):
     ckpt = load_checkpoint(args["run_dir"], args["device"])
     model = model_from_checkpoint(ckpt).to(args["device"]).eval()
     cfg = model.config
-    enc = gpt2_tokenizer(cfg.vocab_size)  # the run's vocabulary: the data is not needed, only its size
+    enc = run_tokenizer(ckpt)  # the run's vocabulary: the data is not needed, only its tokenizer
     text = read_prompt(args["prompt_file"]) if args["prompt_file"] else args["prompt"]
     if args["prompt_file"] and not text:
         raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")

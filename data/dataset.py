@@ -64,9 +64,12 @@ def load_meta(data_dir, verify=True):
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
         raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
     vocab, eot = meta.get("vocab_size"), meta.get("eot_token")
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or eot != vocab - 1:  # the EOT id is the largest id written
+    # GPT-2's EOT id is the largest id written; a pretrained model's tokenizer puts its own anywhere
+    gpt2 = meta.get("tokenizer", "gpt2") == "gpt2"
+    ids = not isinstance(vocab, bool) and isinstance(vocab, int) and isinstance(eot, int) and 0 <= eot < vocab
+    if not ids or gpt2 and eot != vocab - 1:
         raise UserError(f"{folder / 'meta.json'} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
-                        f"is vocab_size - 1 in a prepared corpus); {fix}")
+                        f"is an id below it, vocab_size - 1 with GPT-2's BPE); {fix}")
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
         stamps = dict(json.loads(stamp.read_text()))

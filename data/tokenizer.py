@@ -3,6 +3,7 @@ keeping ranks < K is still a valid GPT-2 BPE, as a merged token's two parts have
 import base64
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 import tiktoken
@@ -35,3 +36,63 @@ def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:
     n_bpe = vocab_size - 1  # the last id is reserved for EOT
     return tiktoken.Encoding(f"gpt2-{vocab_size}", pat_str=GPT2_PATTERN, special_tokens={EOT: n_bpe},
                              mergeable_ranks={tok: r for tok, r in load_ranks().items() if r < n_bpe})
+
+
+# ------------------------------------------------------------------ a pretrained model's own tokenizer
+
+UINT16_IDS = 1 << 16  # prepared corpora store token ids as uint16
+DATA_FILE = "ropelab.json"  # in a model folder, {"dataset": NAME}: the held-out text its commands read
+
+
+def tokenizer_identity(model_dir):
+    """What a corpus prepared with a model folder's tokenizer records: the sha256 of its tokenizer.json."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: ropelab reads a model's tokenizer from its tokenizer.json "
+                        "(the fast tokenizer file of the Hugging Face layout)")
+    return {"tokenizer.json": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def end_of_text(model_dir, tok):
+    """The id that ends a document: config.json's eos_token_id, else tokenizer_config.json's eos_token."""
+    paths = [Path(model_dir) / name for name in ("config.json", "tokenizer_config.json")]
+    configs = [json.loads(p.read_text()) for p in paths if p.is_file()]
+    eos = next((c["eos_token_id"] for c in configs if c.get("eos_token_id") is not None), None)
+    if eos is None and (name := next((c["eos_token"] for c in configs if c.get("eos_token")), None)):
+        eos = tok.token_to_id(name if isinstance(name, str) else name.get("content"))
+    eos = eos[0] if isinstance(eos, list) else eos
+    if not isinstance(eos, int):
+        raise UserError(f"{model_dir}: no end-of-text token (config.json's eos_token_id, "
+                        "tokenizer_config.json's eos_token): documents need one between them")
+    return eos
+
+
+class ModelTokenizer:
+    """A model folder's tokenizer.json (Hugging Face `tokenizers`) with the part of tiktoken's interface that
+    the data writer and sample.py use. Text is encoded as it is: no BOS or other special token is added."""
+
+    def __init__(self, model_dir):
+        from tokenizers import Tokenizer
+        self.identity = tokenizer_identity(model_dir)
+        try:
+            self.tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise UserError(f"{model_dir}/tokenizer.json is damaged ({str(e)[:80]})") from None
+        self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
+        self.eot_token = end_of_text(model_dir, self.tok)
+        if self.n_vocab > UINT16_IDS:
+            raise UserError(f"{model_dir}'s tokenizer has {self.n_vocab:,} ids; prepared corpora store "
+                            f"ids as uint16, at most {UINT16_IDS:,} (Pythia, Llama 2 and Mistral fit; Llama 3 "
+                            "and Qwen2 do not yet)")
+
+    def encode_ordinary(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode(self, text, allowed_special=()):  # its special tokens are always read as such
+        return self.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def decode_single_token_bytes(self, token):  # a token alone that ends mid-character decodes to U+FFFD
+        return self.decode([token]).encode()

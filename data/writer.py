@@ -59,10 +59,13 @@ def _tokenized(enc, docs, workers):
             yield pending.popleft().result()
 
 
-def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, seed=0, workers=1, keep_names=False):
+def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, seed=0, workers=1,
+                    keep_names=False, tokenizer=None):
     """Tokenize a stream of (split, name, text) documents into out_dir, every file atomically (docs/reference.md,
-    "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named files."""
-    enc = gpt2_tokenizer(vocab_size)  # ids < 50257 fit in uint16
+    "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named
+    files. tokenizer: a pretrained model's (data.tokenizer.ModelTokenizer, its ids checked to fit in
+    uint16), else GPT-2's BPE cut to vocab_size."""
+    enc = tokenizer or gpt2_tokenizer(vocab_size)  # ids < 50257 fit in uint16
     eot = np.array([enc.eot_token], dtype=np.uint16).tobytes()
     out_dir = Path(out_dir)
     created = not out_dir.exists()
@@ -106,18 +109,21 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
         print(f"{s}: {n_docs[s]:,} documents, {stats[s]['tokens']:,} tokens -> {out_dir / f'{s}.bin'}")
     total = sum(st["tokens"] for st in stats.values())
     print(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s, workers={workers})")
-    meta = dict(tokenizer="gpt2", vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
+    meta = dict(tokenizer=getattr(enc, "identity", "gpt2"),  # a model's: its tokenizer.json's sha256
+                vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
                 files=files, val_fraction=val_fraction, seed=seed)
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
     release_outputs(out_dir)
     return meta
 
 
-def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=None, workers=1, read=str):
+def write_dataset(docs, out_dir, vocab_size, val_fraction=0.1, seed=0, source=None, workers=1, read=str,
+                  tokenizer=None):
     """write_documents for {name: text} (or {name: x}, read(x) its text), split exactly by split_documents."""
     split = dict(zip(SPLITS, split_documents(docs, val_fraction, seed)))
     stream = ((s, name, read(docs[name])) for s in SPLITS for name in split[s])
-    return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True)
+    return write_documents(stream, out_dir, vocab_size, source, val_fraction, seed, workers, keep_names=True,
+                           tokenizer=tokenizer)
 
 
 def pip_download(package, filename, sha256, cache_dir, url, binary):

@@ -19,6 +19,7 @@ from eval.score import choose_units, score_units, sliding_windows
 from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
                     unless_check)
+from rope import scaling_type
 from runtime import load_run
 from wandb_runs import extrapolation_metrics, log_results
 
@@ -151,7 +152,7 @@ def extrapolate(args):
     args = dict(args, methods=methods.usable(args["methods"], pos_emb))
     if "pairs" in args["methods"]:
         methods.check_pairs(args["pair_factors"], model.config)
-    if model.config.rope_scaling:
+    if scaling_type(model.config.rope_scaling) != "default":  # a partial rotary factor alone is no scaling
         print(f"the run was trained with rope_scaling={model.config.rope_scaling}: `none` evaluates it as trained, "
               f"the other methods replace it")
     tokens, docs = load_split(data_dir, "val")

@@ -171,7 +171,9 @@ def parse_pairs(text):
 
 def check_pairs(factors, config):
     """--pair_factors for the method pairs: one factor >= 1 per frequency pair of the model, fastest first."""
-    n = config.n_embd // config.n_head // 2
+    # the rotating pairs: a partial rotary factor (Pythia's 0.25) leaves the others unrotated
+    partial = (config.rope_scaling or {}).get("partial_rotary_factor", 1.0)
+    n = int(config.n_embd // config.n_head * partial) // 2
     if factors is None:
         raise UserError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, fastest first")
     if len(factors) != n or min(factors) < 1:

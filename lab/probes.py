@@ -15,7 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from data.dataset import doc_windows, in_tokens, load_split
 from data.synthetic import mqar_rows, random_vocab
-from data.tokenizer import gpt2_tokenizer
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
                           parse_pairs, unavailable, usable)
 from lab.stats import RETRIEVES
@@ -27,7 +26,7 @@ from lab.bound import first_negative
 from rope import frequencies
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
 from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values, unless_check
-from runtime import load_run
+from runtime import load_run, run_tokenizer
 from wandb_runs import log_results, probe_metrics
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
@@ -313,7 +312,8 @@ def probes(args):
         check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
                  mqar=lambda: mqar_probe(model, tokens, docs, args, rvocab),
-                 passkey=lambda: passkey_probe(model, tokens, docs, args, gpt2_tokenizer(vocab).encode_ordinary),
+                 passkey=lambda: passkey_probe(model, tokens, docs, args,
+                                               run_tokenizer(ckpt).encode_ordinary),
                  rotation=lambda: rotation_probe(model, args), entropy=lambda: entropy_probe(model, tokens, docs, args))
     results, seconds = [], {}
     for name in args["probes"]:

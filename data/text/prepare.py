@@ -2,7 +2,8 @@
 tokenized in parallel and split by whole document into train and val.
 
     python data/text/prepare.py SOURCE [--name NAME] [--out_dir DIR] [--text_field text]
-                                [--vocab_size N] [--val_fraction F] [--workers N] [--overwrite]
+                                [--vocab_size N | --tokenizer MODEL_DIR] [--val_fraction F] [--workers N]
+                                [--overwrite]
 
 SOURCE's forms, the split, the format, the guarantees and the errors: docs/reference.md ("Preparing any corpus").
 """
@@ -22,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from data.dataset import VOCAB_SIZE, builtin, is_prepared
 from data.writer import claim_corpus, val_by_hash, write_dataset, write_documents
-from data.tokenizer import GPT2_VOCAB_SIZE
-from common import UserError, command_parser, run_cli
+from data.tokenizer import DATA_FILE, GPT2_VOCAB_SIZE, ModelTokenizer
+from common import UserError, command_parser, run_cli, write_atomic
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
@@ -164,9 +165,10 @@ def default_name(source):
 
 
 def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=0.1, workers=None, out_dir=None,
-            overwrite=False):
+            overwrite=False, tokenizer=None):
     """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs,
-    an error if another corpus is there (unless overwrite)."""
+    an error if another corpus is there (unless overwrite). tokenizer: a pretrained model's folder, whose
+    tokenizer.json tokenizes instead of GPT-2's BPE; the folder then records this corpus (DATA_FILE)."""
     source = str(source)
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -198,20 +200,38 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
         origin = {"folder" if path.is_dir() else "file": str(path), "sha256": fingerprint(root, files),
                   **({} if named else {"text_field": text_field})}
         print(f"{len(files)} files, {sum(p.stat().st_size for p in files):,} bytes from {path}")
+    if tokenizer is not None and vocab_size is not None:
+        raise UserError("--vocab_size cuts GPT-2's BPE; with --tokenizer the model's tokenizer sets it")
+    enc = ModelTokenizer(tokenizer) if tokenizer is not None else None
+    if enc:
+        vocab_size = enc.n_vocab
     vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
-    if is_prepared(out_dir, vocab_size=vocab_size, source=origin, val_fraction=val_fraction):
+    same = dict(source=origin, vocab_size=vocab_size, val_fraction=val_fraction)
+    if enc:
+        same["tokenizer"] = enc.identity
+    if is_prepared(out_dir, **same):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
-        return out_dir
-    claim_corpus(out_dir, overwrite, source=origin, vocab_size=vocab_size, val_fraction=val_fraction)
+        return model_reads(tokenizer, out_dir)
+    claim_corpus(out_dir, overwrite, **same)
     check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
     print(f"tokenizing with vocab_size={vocab_size}, workers={workers} -> {out_dir}")
     if named:  # a .txt file is a document, split exactly: the names are known
         write_dataset({p.relative_to(root).as_posix(): p for p in files}, out_dir, vocab_size, val_fraction, SEED,
-                      origin, workers, read=read_text)
+                      origin, workers, read=read_text, tokenizer=enc)
     else:
         write_documents(record_documents(records, val_fraction, source), out_dir, vocab_size, origin, val_fraction,
-                        SEED, workers)
+                        SEED, workers, tokenizer=enc)
+    return model_reads(tokenizer, out_dir)
+
+
+def model_reads(model_dir, out_dir):
+    """Record out_dir in a model folder as the held-out text its commands read (no model folder: nothing)."""
+    if model_dir is not None:
+        dataset = out_dir.name if out_dir.resolve().parent == DATA_ROOT else str(out_dir.resolve())
+        path = Path(model_dir) / DATA_FILE
+        write_atomic(path, lambda f: f.write((json.dumps({"dataset": dataset}) + "\n").encode()))
+        print(f"{path}: the model's commands read {dataset}")
     return out_dir
 
 
@@ -225,5 +245,7 @@ if __name__ == "__main__":
                         f"a folder of .txt files only, else {GPT2_VOCAB_SIZE}, the full GPT-2 vocabulary)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer threads (default: the CPU count, at most 8)")
+    parser.add_argument("--tokenizer", default=None, help="a pretrained model's folder: tokenize with its "
+                        "tokenizer.json (its commands then read this corpus)")
     parser.add_argument("--overwrite", action="store_true", help="replace a corpus prepared in that folder from other inputs")
     run_cli("prepare.py", lambda: prepare(**vars(parser.parse_args())))

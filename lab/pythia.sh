@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The Pythia ladder (docs/pretrained.md): every model folder read at 1x, 2x and 4x of its trained length L
+# (2,048 for Pythia) on the same held-out text, prepared once with the models' shared tokenizer. Two readings:
+# eval/extrapolate.py (windows from position 0, exact crop strided by L/8), and lab/context.py --targets L,
+# which is bojone's protocol (the final L tokens of each window scored in one forward of 1x, 2x or 4x L) with
+# exact crop on the same targets. Then one comparison across the models.
+#   bash lab/pythia.sh TEXT OUT MODEL_DIR...     (TEXT: a folder of .txt, or a .jsonl / .parquet file)
+# Environment: METHODS (default below), UNITS (context.py's windows, default 32), TOKENS (extrapolate.py's
+# scored tokens per length, default 8 L).
+set -euo pipefail
+usage="usage: bash lab/pythia.sh TEXT OUT MODEL_DIR..."
+text=${1:?$usage}; out=${2:?$usage}; shift 2
+[ $# -gt 0 ] || { echo "pythia.sh: give at least one model folder; $usage" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)  # the scripts run from any folder; paths stay the caller's
+methods=${METHODS:-none,crop,pi,ntk,yarn,llama3,self-extend,rerope}
+for model in "$@"; do  # the first prepares the text; the others share its tokenizer and only record it
+  python "$root/data/text/prepare.py" "$text" --out_dir "$out/heldout" --tokenizer "$model"
+done
+dirs=()
+for model in "$@"; do
+  start=$SECONDS
+  name=$(basename "$model")
+  L=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['max_position_embeddings'])" \
+      "$model/config.json")
+  python "$root/eval/extrapolate.py" "$model" --lengths 1,2,4 --protocols windows --methods "$methods" \
+      --tokens "${TOKENS:-$((8 * L))}" --out "$out/$name" --no-wandb
+  python "$root/lab/context.py" "$model" --contexts 1,2,4 --targets "$L" --units "${UNITS:-32}" \
+      --methods "$methods" --out "$out/$name"
+  dirs+=("$out/$name")
+  echo "pythia.sh: $name read in $((SECONDS - start)) s"
+done
+python "$root/eval/compare.py" "${dirs[@]}" --out "$out/compare"

@@ -1,0 +1,112 @@
+"""What reading a long input costs, per method: targets scored per second and peak memory for one window of
+each length, through eval/score.py's path (crop: its strided truncation windows), on a model of Pythia-160M's
+shape with random weights (the cost does not depend on the weights), or on a model folder's.
+
+    python lab/read_cost.py [--model DIR] [--lengths 2,4] [--methods none,crop,yarn,...] [--device cpu]
+
+Peak memory is what the method adds to the loaded model: on the CPU a forked process's peak resident memory
+(VmHWM) above its start, on CUDA the allocator's peak above the memory in use before."""
+import os
+import sys
+import time
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
+
+from common import command_parser, parse_list, pick_device, run_cli
+from eval.methods import METHODS, forward_args, split_method
+from eval.score import score_units
+from model import GPT
+from pretrained import config_of
+from runtime import load_checkpoint, model_from_checkpoint
+
+PYTHIA_160M = dict(  # its config.json
+    model_type="gpt_neox", vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+    intermediate_size=3072, max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000,
+    use_parallel_residual=True, layer_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def memory_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def measured(fn, device):
+    """(seconds, peak MiB above the start) of fn()."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start, t0 = torch.cuda.memory_allocated(), time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, (torch.cuda.max_memory_allocated() - start) / 2**20
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    start, t0 = memory_kib("VmRSS"), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, (memory_kib("VmHWM") - start) / 1024
+
+
+def in_child(fn, device):
+    """measured(fn), on the CPU in a forked process: one method's freed memory is not the next one's."""
+    if device.startswith("cuda"):
+        return measured(fn, device)
+    parent, child = get_context("fork").Pipe()
+    process = get_context("fork").Process(target=lambda: child.send(measured(fn, device)))
+    process.start()
+    result = parent.recv()
+    process.join()
+    return result
+
+
+def read_cost(args):
+    device = pick_device(args["device"])
+    if args["model"]:
+        model = model_from_checkpoint(load_checkpoint(args["model"]))
+    else:
+        torch.manual_seed(0)
+        model = GPT(config_of(PYTHIA_160M, "Pythia-160M's shape")[1])
+    model = model.to(device).eval()
+    L = model.config.block_size
+    stride = max(1, L // 8)  # extrapolate.py's default crop stride
+    dtype = "bf16 autocast" if device.startswith("cuda") else "float32"
+    print(f"{model.num_params() / 1e6:.0f}M parameters, trained length {L}, {device}, {dtype}, "
+          f"{torch.get_num_threads()} threads; crop strided by {stride}")
+    print(f"{'method':22s}" + "".join(f"{f'{m:g}L = {round(m * L)}':>26s}" for m in args["lengths"]))
+    rng = np.random.default_rng(0)
+    for method in args["methods"]:
+        cells = []
+        for m in args["lengths"]:
+            T = round(m * L)
+            tokens = rng.integers(0, model.config.vocab_size, T + 1)
+            name = method.removesuffix(" (causal)")
+            how = forward_args(name, T, model.config.train_len, L, causal=name != method)
+            def score():
+                score_units(model, tokens, [0], T, "windows", T, None, how, stride)
+            seconds, mib = in_child(score, device)
+            cells.append(f"{T / seconds:9,.0f} tok/s {mib:7,.0f} MiB")
+        print(f"{method:22s}" + "".join(f"{c:>26s}" for c in cells), flush=True)
+
+
+def parse_args(argv):
+    p = command_parser(__doc__, "device")
+    p.add_argument("--model", default=None, help="a model folder (Hugging Face layout) or run folder "
+                                                 "(default: Pythia-160M's shape, random weights)")
+    p.add_argument("--lengths", default="2,4", help="multiples of the trained length (default 2,4)")
+    p.add_argument("--methods", default="none,crop,yarn,self-extend,rerope,dynamic-ntk (causal)",
+                   help="eval/methods.py's; 'dynamic-ntk (causal)' for the exact causal mode")
+    a = vars(p.parse_args(argv))
+    a["lengths"] = parse_list(a["lengths"], "lengths", float)
+    a["methods"] = parse_list(a["methods"], "methods", str)
+    for method in a["methods"]:
+        if split_method(method.removesuffix(" (causal)"))[0] not in METHODS:
+            p.error(f"unknown --methods {method}; allowed: {', '.join(METHODS)}")
+    return a
+
+
+if __name__ == "__main__":
+    run_cli("read_cost.py", lambda: read_cost(parse_args(sys.argv[1:])))

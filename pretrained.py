@@ -1,0 +1,248 @@
+"""A Hugging Face model folder (config.json, *.safetensors, tokenizer.json) read as a run: config.json as a
+GPTConfig and the weights as a state dict of this repository's GPT, so that every method applies to it as to a
+trained run. Families: GPT-NeoX (Pythia), Llama, Qwen2, Mistral. Configs of transformers 4.x (rope_theta,
+rope_scaling, rotary_pct) and 5.x (rope_parameters) alike; a model's own rope scaling (Llama 3's) is part
+of its trained state."""
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from common import UserError
+from config import gpt_config
+from data.tokenizer import DATA_FILE
+from rope import ORIGINAL, scaling_type
+
+FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
+SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout"
+IGNORED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers older files hold
+
+
+def is_model_folder(path):
+    """Whether path is a Hugging Face model folder rather than a run folder of train.py's."""
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file() and not (path / "ckpt.pt").exists()
+
+
+def read_json(path, what):
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: a model folder holds config.json, *.safetensors and "
+                        "tokenizer.json") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is damaged: not {what} ({type(e).__name__}: {str(e)[:60]})") from None
+
+
+# ----------------------------------------------------------------------------- config.json -> GPTConfig
+
+def rope_settings(cfg, family):
+    """(base, the trained rope_scaling dict or None), from v5's rope_parameters or v4's keys. The partial
+    rotary factor goes into the dict, where rope.py reads it: frequencies over the rotary dims only."""
+    params = dict(cfg.get("rope_parameters") or {})
+    base = params.pop("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
+    default = 0.25 if family == "gpt_neox" else 1.0  # transformers' defaults
+    partial = cfg.get("partial_rotary_factor", cfg.get("rotary_pct", default))
+    partial = params.pop("partial_rotary_factor", partial)
+    scaling = {**(cfg.get("rope_scaling") or {}), **params}
+    if scaling_type(scaling) == "dynamic":  # transformers scales it from max_position_embeddings, always
+        scaling.pop(ORIGINAL, None)
+    if partial != 1.0:
+        scaling["partial_rotary_factor"] = partial
+    if set(scaling) <= {"rope_type", "type"} and scaling_type(scaling) == "default":
+        return base, None
+    return base, {"rope_type": scaling_type(scaling), **{k: v for k, v in scaling.items() if k != "type"}}
+
+
+def refuse(folder, what):
+    raise UserError(f"{folder}/config.json: {what}; ropelab reads {SUPPORTED}")
+
+
+def family_args(cfg, family, folder):
+    """The GPTConfig fields that differ between the families."""
+    get = cfg.get
+    if family == "gpt_neox":
+        if get("hidden_act", "gelu") != "gelu" or not get("attention_bias", True):
+            refuse(folder, f"hidden_act {get('hidden_act')!r}, attention_bias {get('attention_bias')!r} "
+                           "(GPT-NeoX as Pythia has: gelu, biases)")
+        return dict(norm="layernorm", norm_eps=get("layer_norm_eps", 1e-5), biases=True, mlp="gelu",
+                    parallel_residual=get("use_parallel_residual", True))
+    heads = cfg["num_attention_heads"]
+    if get("hidden_act", "silu") != "silu" or get("attention_bias") or get("mlp_bias"):
+        refuse(folder, f"hidden_act {get('hidden_act')!r}, attention_bias {get('attention_bias')!r}, "
+                       f"mlp_bias {get('mlp_bias')!r} (the Llama family: silu, no biases but Qwen2's q/k/v)")
+    if get("head_dim") not in (None, cfg["hidden_size"] // heads):
+        refuse(folder, f"head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads")
+    if family == "qwen2" and get("use_sliding_window"):
+        refuse(folder, "use_sliding_window (Qwen2's sliding window on some layers only)")
+    window = get("sliding_window") if family == "mistral" else None  # Mistral 7B v0.1: every layer's
+    return dict(norm="rmsnorm", norm_eps=get("rms_norm_eps", 1e-6), mlp="swiglu", qkv_bias=family == "qwen2",
+                n_kv_head=get("num_key_value_heads") or heads, rope_window=window)
+
+
+def model_config(folder):
+    """(family, GPTConfig) of a model folder; another architecture or a missing key is a UserError."""
+    return config_of(read_json(Path(folder) / "config.json", "JSON"), folder)
+
+
+def config_of(cfg, folder):
+    """(family, GPTConfig) of a config.json's contents (folder: where it came from, for the errors)."""
+    family = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if family not in FAMILIES:
+        refuse(folder, f"model_type {family!r} is not one ropelab reads")
+    try:
+        base, scaling = rope_settings(cfg, family)
+        args = dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"],
+                    n_head=cfg["num_attention_heads"], n_embd=cfg["hidden_size"],
+                    block_size=cfg["max_position_embeddings"], pos_emb="rope", rope_layout="half",
+                    rope_base=float(base), rope_scaling=scaling, mlp_hidden=cfg["intermediate_size"],
+                    tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                    **family_args(cfg, family, folder))
+    except KeyError as e:
+        refuse(folder, f"no {e.args[0]!r}")
+    try:
+        return family, gpt_config(args)
+    except UserError as e:
+        refuse(folder, str(e))
+
+
+# ----------------------------------------------------------------------------- safetensors -> state dict
+
+def read_weights(folder):
+    """Every tensor of the folder's safetensors files (sharded: those model.safetensors.index.json names)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(read_json(index, "a safetensors index").get("weight_map", {}).values()))
+    else:
+        files = [p.name for p in sorted(folder.glob("*.safetensors"))]
+    if not files:
+        raise UserError(f"{folder} has no *.safetensors weights (pytorch_model.bin is not read: download the "
+                        "model's safetensors files, or convert it)")
+    tensors = {}
+    for name in files:
+        try:
+            tensors.update(load_file(folder / name))
+        except FileNotFoundError:
+            raise UserError(f"{folder / name} is missing (named in {index.name})") from None
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f"{folder / name} is damaged: not a safetensors file ({str(e)[:80]})") from None
+    return tensors
+
+
+class Weights:
+    """The folder's tensors, each taken by name with the shape the config implies, in float32. What is
+    missing, of another shape or left over is a UserError: the weights do not match config.json."""
+
+    def __init__(self, tensors, folder):
+        self.tensors, self.taken = tensors, set()
+        self.wrong = f"{folder}: the weights do not match config.json"
+
+    def __call__(self, name, *shape):
+        if name not in self.tensors:
+            raise UserError(f"{self.wrong}: no tensor {name!r}")
+        t = self.tensors[name]
+        if tuple(t.shape) != shape:
+            raise UserError(f"{self.wrong}: {name} is {tuple(t.shape)}, the config makes it {shape}")
+        self.taken.add(name)
+        return t.float()
+
+    def check_all_taken(self):
+        if left := sorted(k for k in self.tensors if k not in self.taken and not k.endswith(IGNORED)):
+            raise UserError(f"{self.wrong}: {len(left)} tensors it has no place for ({left[0]}, ...)")
+
+
+def rotary_order(head_dim, scaling):
+    """Channel order [head_dim] taking a Hugging Face q/k head to rope.py's half layout. HF rotates the first
+    r rotary dims, pairs (i, i + r/2); rope.py pairs (i, i + head_dim/2) for i < r/2 and leaves the rest.
+    Applied to q and k alike, a permutation leaves q . k unchanged; with r = head_dim it is the identity."""
+    r = int(head_dim * (scaling or {}).get("partial_rotary_factor", 1.0))
+    rest = (head_dim - r) // 2
+    return torch.cat((torch.arange(0, r // 2), torch.arange(r, r + rest), torch.arange(r // 2, r),
+                      torch.arange(r + rest, head_dim)))
+
+
+def heads(t, n_head, order):
+    """The rows of a projection [n_head * head_dim, ...] with each head's channels in `order`."""
+    return t.view(n_head, len(order), *t.shape[1:])[:, order].reshape(t.shape)
+
+
+def neox_layer(w, p, c, order):
+    """One GPT-NeoX layer. query_key_value's rows are grouped (head, [q, k, v], head_dim): made [q; k; v]."""
+    C, H, hd, inner = c.n_embd, c.n_head, c.n_embd // c.n_head, c.mlp_hidden
+
+    def qkv(t):  # [3C, ...] -> [3C, ...]
+        q, k, v = (x.reshape(C, *t.shape[1:]) for x in t.view(H, 3, hd, *t.shape[1:]).unbind(1))
+        return torch.cat([heads(q, H, order), heads(k, H, order), v])
+    a, m = p + "attention.", p + "mlp."
+    return {"ln_1.weight": w(p + "input_layernorm.weight", C), "ln_1.bias": w(p + "input_layernorm.bias", C),
+            "ln_2.weight": w(p + "post_attention_layernorm.weight", C),
+            "ln_2.bias": w(p + "post_attention_layernorm.bias", C),
+            "attn.c_attn.weight": qkv(w(a + "query_key_value.weight", 3 * C, C)),
+            "attn.c_attn.bias": qkv(w(a + "query_key_value.bias", 3 * C)),
+            "attn.c_proj.weight": w(a + "dense.weight", C, C), "attn.c_proj.bias": w(a + "dense.bias", C),
+            "mlp.c_fc.weight": w(m + "dense_h_to_4h.weight", inner, C),
+            "mlp.c_fc.bias": w(m + "dense_h_to_4h.bias", inner),
+            "mlp.c_proj.weight": w(m + "dense_4h_to_h.weight", C, inner),
+            "mlp.c_proj.bias": w(m + "dense_4h_to_h.bias", C)}
+
+
+def llama_layer(w, p, c, order):
+    """One Llama / Qwen2 / Mistral layer: q, k and v stacked into c_attn, gate and up into c_fc."""
+    C, H, KV, hd, inner = c.n_embd, c.n_head, c.n_kv_head, c.n_embd // c.n_head, c.mlp_hidden
+    a, m = p + "self_attn.", p + "mlp."
+
+    def qkv(kind, *dims):  # "weight" with dims (C,), "bias" with none
+        return torch.cat((heads(w(a + "q_proj." + kind, H * hd, *dims), H, order),
+                          heads(w(a + "k_proj." + kind, KV * hd, *dims), KV, order),
+                          w(a + "v_proj." + kind, KV * hd, *dims)))
+    layer = {"ln_1.weight": w(p + "input_layernorm.weight", C),
+             "ln_2.weight": w(p + "post_attention_layernorm.weight", C),
+             "attn.c_attn.weight": qkv("weight", C), "attn.c_proj.weight": w(a + "o_proj.weight", C, H * hd),
+             "mlp.c_fc.weight": torch.cat((w(m + "gate_proj.weight", inner, C),
+                                           w(m + "up_proj.weight", inner, C))),
+             "mlp.c_proj.weight": w(m + "down_proj.weight", C, inner)}
+    if c.qkv_bias:
+        layer["attn.c_attn.bias"] = qkv("bias")
+    return layer
+
+
+def state_dict(tensors, family, c, folder):
+    """The GPT's state dict (parameter name -> float32 tensor) from the folder's tensors."""
+    w, order = Weights(tensors, folder), rotary_order(c.n_embd // c.n_head, c.rope_scaling)
+    neox = family == "gpt_neox"
+    top, layer = ("gpt_neox.", neox_layer) if neox else ("model.", llama_layer)
+    embedding = top + ("embed_in.weight" if neox else "embed_tokens.weight")
+    sd = {"transformer.wte.weight": w(embedding, c.vocab_size, c.n_embd)}
+    for i in range(c.n_layer):
+        sd.update({f"transformer.h.{i}.{k}": v for k, v in layer(w, f"{top}layers.{i}.", c, order).items()})
+    final = top + ("final_layer_norm." if neox else "norm.")
+    sd["transformer.ln_f.weight"] = w(final + "weight", c.n_embd)
+    if neox:
+        sd["transformer.ln_f.bias"] = w(final + "bias", c.n_embd)
+    head = "embed_out.weight" if neox else "lm_head.weight"
+    tied = c.tie_embeddings and head not in tensors  # save_pretrained leaves a tied head out
+    sd["lm_head.weight"] = sd["transformer.wte.weight"] if tied else w(head, c.vocab_size, c.n_embd)
+    w.check_all_taken()
+    return sd
+
+
+# ----------------------------------------------------------------------------- the folder as a run
+
+def dataset_of(folder):
+    """The held-out text the folder is read with (DATA_FILE), or None if none was prepared for it."""
+    path = Path(folder) / DATA_FILE
+    return read_json(path, "JSON").get("dataset") if path.is_file() else None
+
+
+def read_run(folder):
+    """A model folder as the checkpoint dict runtime.load_checkpoint returns for a trained run."""
+    folder = Path(folder)
+    family, config = model_config(folder)
+    weights = state_dict(read_weights(folder), family, config, folder)
+    return {"model": weights, "model_args": asdict(config), "iter_num": 0,
+            "config": {"dataset": dataset_of(folder), "wandb_run_name": folder.name, "wandb_log": False},
+            "pretrained": {"family": family, "folder": str(folder.resolve())}}

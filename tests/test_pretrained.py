@@ -1,0 +1,252 @@
+"""A Hugging Face model folder read into this repo's GPT (pretrained.py) gives transformers' numbers: the same
+logits for each family, the same per-position NLL under each rope_scaling type; a bad folder is one line;
+every command reads it, with the text its own tokenizer prepared. Every model is a tiny one built by
+transformers from a config, with random weights and a tokenizer trained here: nothing is downloaded."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from common import UserError
+from runtime import load_checkpoint, load_run, model_from_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=320,
+            max_position_embeddings=32)
+FAMILIES = {  # model_type: (config class, model class, family-specific settings)
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(rotary_pct=0.25)),  # rotary dim 4 of 16
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=1, sliding_window=24)),
+}
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}
+
+
+def save_tokenizer(folder):
+    """A byte-level BPE of 300 tokens trained on the README, saved as the folder's tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([(ROOT / "README.md").read_text()[:8000]], trainer)
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def hf_model(folder, family, **settings):
+    """A random transformers model of the family, saved into folder with a tokenizer; in eval mode."""
+    config_class, model_class, own = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**SIZE, **own, **settings})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():  # every weight random, norms and biases included, so that each one is tested
+        for name, p in model.named_parameters():
+            mean = 1.0 if "norm" in name and name.endswith("weight") else 0.0
+            p.normal_(mean, 0.3 if p.dim() == 1 else 0.08)
+    folder.mkdir(exist_ok=True)
+    model.save_pretrained(folder)
+    save_tokenizer(folder)
+    return model
+
+
+def tokens(n=64, seed=0):
+    return torch.randint(0, 300, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def ours(folder):
+    return model_from_checkpoint(load_checkpoint(folder)).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_gives_transformers_logits(tmp_path, family):
+    hf = hf_model(tmp_path / family, family)
+    idx = tokens()  # 64 tokens, past the 32 of max_position_embeddings: the rotation as it extrapolates too
+    with torch.no_grad():
+        want, got = hf(idx).logits, ours(tmp_path / family)(idx)[0]
+    assert (got - want).abs().max() < 1e-4
+
+
+def test_tied_embeddings_read_as_one_weight(tmp_path):
+    hf = hf_model(tmp_path / "m", "llama", tie_word_embeddings=True)
+    model, idx = ours(tmp_path / "m"), tokens()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    with torch.no_grad():
+        assert (model(idx)[0] - hf(idx).logits).abs().max() < 1e-4
+
+
+def test_sharded_weights_read_as_their_index_lists_them(tmp_path):
+    hf = hf_model(tmp_path / "m", "qwen2")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    save_tokenizer(tmp_path / "sharded")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    with torch.no_grad():
+        assert (ours(tmp_path / "sharded")(tokens())[0] - hf(tokens()).logits).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "llama"])
+def test_transformers_4_config_keys_read_as_5(tmp_path, family):
+    """v4 configs name the base rope_theta (GPT-NeoX: rotary_emb_base), the scaling rope_scaling, Pythia's
+    rotary share rotary_pct."""
+    hf = hf_model(tmp_path / "m", family, rope_scaling=dict(SCALINGS["yarn"]))  # transformers edits it
+    path = tmp_path / "m" / "config.json"
+    cfg = json.loads(path.read_text())
+    params = cfg.pop("rope_parameters")
+    if family == "gpt_neox":
+        cfg.update(rotary_emb_base=params.pop("rope_theta"), rotary_pct=params.pop("partial_rotary_factor"))
+    else:
+        cfg.update(rope_theta=params.pop("rope_theta"))
+    cfg["rope_scaling"] = {"type" if family == "llama" else "rope_type": params.pop("rope_type"), **params}
+    path.write_text(json.dumps(cfg))
+    with torch.no_grad():
+        assert (ours(tmp_path / "m")(tokens())[0] - hf(tokens()).logits).abs().max() < 1e-4
+
+
+def per_position_nll(logits, idx):
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), idx[:, 1:], reduction="none").mean(0)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+@pytest.mark.parametrize("kind", SCALINGS)
+def test_each_rope_scaling_gives_transformers_nll_by_position(tmp_path, family, kind):
+    """A model's own rope_scaling (Llama 3's, a YaRN fine-tune's) is its trained state: read as transformers
+    reads it, over the rotary dims only for GPT-NeoX's partial rotary (the attention factor too)."""
+    hf = hf_model(tmp_path / "m", family, rope_scaling=dict(SCALINGS[kind]))  # a copy, as above
+    idx = tokens(96)  # 3x max_position_embeddings: the dynamic base grows with the length
+    with torch.no_grad():
+        want, got = per_position_nll(hf(idx).logits, idx), per_position_nll(ours(tmp_path / "m")(idx)[0], idx)
+    assert (got - want).abs().max() < 1e-4
+
+
+# ----------------------------------------------------------------------------- what is refused, in one line
+
+def refused(folder):
+    with pytest.raises(UserError) as e:
+        load_checkpoint(folder)
+    return str(e.value)
+
+
+def test_another_architecture_is_one_line_naming_the_supported(tmp_path):
+    hf_model(tmp_path / "m", "llama")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    error = refused(tmp_path / "m")
+    assert "model_type 'gpt2'" in error and "Pythia" in error and "Mistral" in error
+
+
+def test_missing_damaged_or_mismatched_weights_are_one_line(tmp_path):
+    hf_model(tmp_path / "m", "gpt_neox")
+    path, cfg = tmp_path / "m" / "config.json", json.loads((tmp_path / "m" / "config.json").read_text())
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    assert "no tensor 'gpt_neox.layers.2." in refused(tmp_path / "m")
+    path.write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    assert "dense_h_to_4h.weight is (96, 64), the config makes it (128, 64)" in refused(tmp_path / "m")
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 1}))
+    assert "tensors it has no place for (gpt_neox.layers.1." in refused(tmp_path / "m")
+    path.write_text("{not json")
+    assert "config.json is damaged" in refused(tmp_path / "m")
+    path.write_text(json.dumps(cfg))
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert "model.safetensors is damaged" in refused(tmp_path / "m")
+    weights.unlink()
+    assert "has no *.safetensors weights" in refused(tmp_path / "m")
+
+
+def test_a_pretrained_folder_without_its_held_out_text_says_how_to_prepare_it(tmp_path):
+    hf_model(tmp_path / "m", "llama")
+    with pytest.raises(UserError, match=r"prepare.py SOURCE --name NAME --tokenizer"):
+        load_run(tmp_path / "m")
+
+
+# ----------------------------------------------------------------------------- its tokenizer, every command
+
+@pytest.fixture(scope="module")
+def pythia(tmp_path_factory):
+    """A tiny random GPT-NeoX folder, with held-out text prepared by its tokenizer (2 of 8 documents)."""
+    from data.text.prepare import prepare
+    root = tmp_path_factory.mktemp("pythia")
+    hf_model(root / "model", "gpt_neox", max_position_embeddings=16)
+    texts = root / "texts"
+    texts.mkdir()
+    words = (ROOT / "README.md").read_text().split()
+    for i in range(8):
+        (texts / f"doc{i}.txt").write_text(" ".join(words[i * 400:(i + 1) * 400]))
+    prepare(texts, out_dir=root / "data", val_fraction=0.25, tokenizer=root / "model", workers=1)
+    return root / "model"
+
+
+def test_held_out_text_is_tokenized_by_the_model_and_recorded_in_its_folder(pythia):
+    import hashlib
+    from tokenizers import Tokenizer
+    model, ckpt, folder = load_run(pythia)
+    meta = json.loads((folder / "meta.json").read_text())
+    tok = Tokenizer.from_file(str(pythia / "tokenizer.json"))
+    sha = hashlib.sha256((pythia / "tokenizer.json").read_bytes()).hexdigest()
+    assert meta["tokenizer"] == {"tokenizer.json": sha} and meta["vocab_size"] == tok.get_vocab_size()
+    assert meta["eot_token"] == 2  # transformers' default eos_token_id
+    assert ckpt["pretrained"]["family"] == "gpt_neox" and model.config.parallel_residual
+
+
+def test_a_corpus_tokenized_otherwise_is_refused_in_one_line(pythia, dataset, tmp_path):
+    import shutil
+    other = tmp_path / "model"
+    shutil.copytree(pythia, other)
+    gpt2_text = str(Path(dataset).resolve())
+    (other / "ropelab.json").write_text(json.dumps({"dataset": gpt2_text}))
+    with pytest.raises(UserError, match="tokenized with gpt2, not .*tokenizer.json: its ids would"):
+        load_run(other)
+
+
+def test_every_command_reads_a_model_folder_with_every_method(pythia, tmp_path):
+    """extrapolate (every method, both dynamic modes), the context sweep, probes and sample take it."""
+    import sample
+    from eval import extrapolate
+    from eval.methods import METHODS
+    from lab import context, probes
+    from tokenizers import Tokenizer
+    extrapolate.main([str(pythia), "--lengths", "1,2", "--methods", ",".join(METHODS), "--tokens", "128",
+                      "--out", str(tmp_path / "x"), "--no-wandb", "--device", "cpu",
+                      "--dynamic_modes", "sequence,causal", "--pair_factors", "1,2"])
+    report = json.loads((tmp_path / "x" / "extrapolation.json").read_text())
+    assert {r["method"] for r in report["results"] if r["available"] and r["ppl"]} == set(METHODS)
+    assert {r["mode"] for r in report["results"]} >= {"sequence", "causal"}
+    context.main([str(pythia), "--out", str(tmp_path / "c"), "--device", "cpu", "--units", "2",
+                  "--contexts", "0.5,1,2"])
+    report = probes.probes(probes.parse_args([
+        str(pythia), "--out", str(tmp_path / "p"), "--trials", "2", "--segment", "4", "--distances", "0.5,2",
+        "--lengths", "8", "--depths", "0.5", "--methods", "none,crop,yarn", "--probes", "copy,passkey",
+        "--no-wandb"]))
+    assert {r["probe"] for r in report["results"] if r["available"]} == {"copy", "passkey"}
+    samples = sample.sample(sample.parse_args([str(pythia), "--max_new_tokens", "4", "--prompt", "the model",
+                                               "--device", "cpu"]))
+    tok = Tokenizer.from_file(str(pythia / "tokenizer.json"))  # the model's tokens, decoded by its tokenizer
+    assert samples[0].startswith("the model") and tok.decode(tok.encode(samples[0]).ids) == samples[0]
+
+
+def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_path):
+    import os
+    import subprocess
+    hf_model(tmp_path / "pythia-b", "gpt_neox", max_position_embeddings=16, hidden_size=32)  # a second rung
+    env = dict(os.environ, METHODS="none,crop,yarn,rerope", UNITS="2", TOKENS="64")
+    proc = subprocess.run(["bash", str(ROOT / "lab" / "pythia.sh"), str(pythia.parent / "texts"),
+                           str(tmp_path / "out"), str(pythia), str(tmp_path / "pythia-b")],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for rung in ("model", "pythia-b"):
+        context = json.loads((tmp_path / "out" / rung / "context.json").read_text())
+        assert context["contexts"] == [16, 32, 64]
+        assert {"crop", "rerope"} <= {r["method"] for r in context["results"]}
+        assert (tmp_path / "out" / rung / "extrapolation.json").is_file()
+    assert (tmp_path / "out" / "compare" / "compare.md").is_file()
+    recorded = json.loads((tmp_path / "pythia-b" / "ropelab.json").read_text())
+    assert recorded == {"dataset": str((tmp_path / "out" / "heldout").resolve())}
