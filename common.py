@@ -315,9 +315,10 @@ def write_atomic(path, write):
 # ----------------------------------------------------------------------------- the weights a result describes
 
 def weights_id(path):
-    """The identity of a checkpoint (path: a ckpt.pt or its run folder), None where there is none: the first 16 hex
-    digits of the sha256 of its bytes. Its content, not its path or mtime: a run trained on or replaced in the same
-    folder gets another id, so a result that records the id it read can be told from one of the weights there now."""
+    """The identity of a checkpoint (path: a ckpt.pt or its run folder), None where there is none: the first
+    16 hex digits of the sha256 of its bytes. Its content, not its path or mtime: a run trained on or replaced
+    in the same folder gets another id, so a result that records the id it read can be told from one of the
+    weights there now."""
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.is_file():
         return None

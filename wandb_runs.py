@@ -33,12 +33,13 @@ def server():
 
 
 def given_mode():
-    """WANDB_MODE as given: one of MODES, or "" (unset); any other value is an error (wandb's is a page of pydantic)."""
+    """WANDB_MODE as given: one of MODES, or "" (unset); any other value is an error (wandb's: a page of
+    pydantic)."""
     given = os.environ.get("WANDB_MODE", "")
     mode = {"dryrun": "offline", "run": "online"}.get(given.lower(), given.lower())
     if mode not in ("", *MODES):
-        raise UserError(f"WANDB_MODE={given!r} is not one of: {', '.join(MODES)} (unset: online where there is a login, "
-                        "else offline)")
+        raise UserError(f"WANDB_MODE={given!r} is not one of: {', '.join(MODES)} (unset: online where there "
+                        "is a login, else offline)")
     return mode
 
 
@@ -67,8 +68,8 @@ def wandb_mode():
 
 
 def run_file(run_dir):
-    """The wandb run kept in run_dir's wandb.json ({} where there is none), checked: a file that is not one is an
-    error, never replaced (it names the run a model's evaluations log into)."""
+    """The wandb run kept in run_dir's wandb.json ({} where there is none), checked: a file that is not one is
+    an error, never replaced (it names the run a model's evaluations log into)."""
     path = run_home(run_dir) / RUN_FILE
     if not path.exists():
         return {}
@@ -85,7 +86,8 @@ def run_file(run_dir):
     elif bad := [k for k in RUN_KEYS[1:] if not (isinstance(run[k], str) and run[k].strip())]:
         why = f"{bad[0]} {run[bad[0]]!r} is not a name"
     if why:
-        raise UserError(f"{path} is not a wandb run file ({why}): fix it, or delete it to log a new wandb run")
+        raise UserError(f"{path} is not a wandb run file ({why}): fix it, or delete it to log a new wandb "
+                        "run")
     return run
 
 
@@ -99,13 +101,14 @@ def wandb_folder():
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise UserError(f"{folder}, where wandb keeps its runs, cannot be written ({e.strerror or e}): {advice}") from None
+        raise UserError(f"{folder}, where wandb keeps its runs, cannot be written ({e.strerror or e}): "
+                        f"{advice}") from None
     return folder
 
 
 def ready_to_log(run_dir, new=False):
-    """Before any work: WANDB_MODE, the run file in run_dir (new: none is read, a new run starts) and wandb's folder
-    checked. The run file's run ({}: none), or None where wandb is disabled."""
+    """Before any work: WANDB_MODE, the run file in run_dir (new: none is read, a new run starts) and wandb's
+    folder checked. The run file's run ({}: none), or None where wandb is disabled."""
     if given_mode() == "disabled":
         return None
     known = {} if new else run_file(run_dir)
@@ -134,13 +137,14 @@ def open_run(config, run_dir, new=False, job_type=None):
                         group=config.get("wandb_group") or (tuned and run_file(origin).get("group")) or name,
                         job_type=job_type or ("fine-tune" if tuned else "train"))
     if not (isinstance(run["project"], str) and run["project"].strip()):
-        raise UserError(f"wandb_project={run['project']!r} is not a project name: give one, e.g. --wandb_project=ropelab")
+        raise UserError(f"wandb_project={run['project']!r} is not a project name: give one, e.g. "
+                        "--wandb_project=ropelab")
     settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)), resume="allow" if known else None, **run)
     try:
         wb = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=INIT_TIMEOUT), **settings)
     except wandb.errors.CommError as e:  # reachable, yet no run within INIT_TIMEOUT, or the login was refused
         offline(f"the server did not start the run ({' '.join(str(e).split())[:120]})")
-        wandb.teardown()  # its service still holds the run id that failed: offline under the same id needs a new one
+        wandb.teardown()  # its service still holds the failed run's id: offline under that id needs a new one
         wb = wandb.init(mode="offline", **settings)
     if not known:  # written once the run has started: a run that could not start leaves no id behind
         with suppress(OSError):  # a read-only run folder: its evaluations log to runs of their own

@@ -12,8 +12,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import held_out, in_tokens, load_split
-from eval.report import (BEST_N, CARD, PLOT_BINS, WEIGHTS, extrapolation_plot, extrapolation_table, json_csv, label,
-                         write_all)
+from eval.report import (BEST_N, CARD, PLOT_BINS, WEIGHTS, extrapolation_plot, extrapolation_table, json_csv,
+                         label, write_all)
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
 from eval.score import choose_units, score_units, sliding_windows
@@ -47,12 +47,13 @@ def parse_args(argv):
             ("factor", "auto", "auto (eval length / training length) or one number >= 1 for every length"),
             ("dynamic_factor", None, "dynamic-ntk's extra NTK multiplier a (default 1: plain dynamic NTK)"),
             methods.PAIRS_OPTION,
-            ("dynamic_modes", None, "dynamic-ntk's: sequence (one forward) and/or causal (exact per position, slow; "
-                                    "default sequence)"),
+            ("dynamic_modes", None, "dynamic-ntk's: sequence (one forward) and/or causal (exact per "
+                                    "position, slow; default sequence)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
             ("plot", "auto", f"methods drawn in extrapolation.png (auto: {','.join(CARD)} and the {BEST_N} others nearest crop past L)")):
-        p.add_argument(f"--{name}", default=default, help=text + ("" if default is None else f" (default {default})"))
+        shown = "" if default is None else f" (default {default})"
+        p.add_argument(f"--{name}", default=default, help=text + shown)
     a = p.parse_args(argv)
     refuse_unused(a)
     args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
@@ -80,16 +81,20 @@ def parse_args(argv):
 
 
 def refuse_unused(a):
-    """Options that would apply to no method evaluated are refused, not ignored; --plot draws evaluated methods only."""
-    names = [split_method(m)[0] for m in parse_methods(a.methods)]
-    for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"), ("dynamic_modes", "dynamic-ntk")):
+    """Options that apply to no method evaluated are refused, not ignored; --plot draws evaluated ones."""
+    given = parse_methods(a.methods)
+    names = [split_method(m)[0] for m in given]
+    for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"),
+                           ("dynamic_modes", "dynamic-ntk")):
         if getattr(a, option) is not None and method not in names:
-            raise UserError(f"--{option} applies to the method {method} only, which --methods {a.methods} leaves out: "
-                            f"add {method} to --methods, or drop --{option}")
+            raise UserError(f"--{option} applies to the method {method} only, which --methods {a.methods} "
+                            f"leaves out: add {method} to --methods, or drop --{option}")
     if "pairs" in names and a.pair_factors is None:
-        raise UserError("--methods pairs needs --pair_factors: one factor >= 1 per frequency pair, fastest first")
-    if a.plot != "auto" and (absent := [m for m in parse_methods(a.plot) if m not in parse_methods(a.methods)]):
-        raise UserError(f"--plot {', '.join(absent)}: not in --methods {a.methods}; --plot draws methods evaluated")
+        raise UserError("--methods pairs needs --pair_factors: one factor >= 1 per frequency pair, "
+                        "fastest first")
+    if a.plot != "auto" and (absent := [m for m in parse_methods(a.plot) if m not in given]):
+        raise UserError(f"--plot {', '.join(absent)}: not in --methods {a.methods}; --plot draws methods "
+                        "evaluated")
 
 
 def window_positions(n, protocol, eval_len, stride):
@@ -117,8 +122,9 @@ def run_grid(model, tokens, docs, args, train_len):
              for p in args["protocols"] for T in eval_lens}
     crop_stride = args["crop_stride"] or max(1, model.config.block_size // 8)
     if crop_stride > model.config.block_size:  # crop's targets would see a single token: not truncation to L
-        raise UserError(f"--crop_stride {crop_stride} is longer than the run's context {model.config.block_size}: "
-                        f"use --crop_stride <= {model.config.block_size} (each target keeps at least L - stride + 1 tokens)")
+        raise UserError(f"--crop_stride {crop_stride} is longer than the run's context "
+                        f"{model.config.block_size}: use --crop_stride <= {model.config.block_size} (each "
+                        "target keeps at least L - stride + 1 tokens)")
     scored, results, done = {}, [], {}
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
@@ -165,7 +171,7 @@ def log_wandb(report, ckpt, run_dir, png_path):
 
 
 def extrapolate(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not a checkpoint written meanwhile
+    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "extrapolation")  # before the computation: a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]

@@ -110,7 +110,7 @@ def table(report):
 
 
 def context_sweep(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not a checkpoint written meanwhile
+    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
     L, run_len, pos_emb = model.config.train_len, model.config.block_size, model.config.pos_emb
@@ -146,8 +146,8 @@ def context_sweep(args):
         raw = r.pop("raw")
         r["diff_crop"], r["diff_crop_stderr"] = (None, None) if raw is None or ref is None else mean_stderr(raw - ref)
         r["per_unit"] = None if raw is None else np.round(raw, 6).tolist()
-    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, weights_id=weights, pos_emb=pos_emb,
-                  train_len=L,
+    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, weights_id=weights,
+                  pos_emb=pos_emb, train_len=L,
                   context_len=run_len, units=len(starts), targets=m, seed=args["seed"], contexts=contexts, factor=args["factor"],
                   options=args["options"], seconds=round(time.time() - t0, 1), starts=[int(s) for s in starts],
                   results=results)

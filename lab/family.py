@@ -26,8 +26,8 @@ def same_options(a, b):
 
 
 def reusable(path, run_dir, options):
-    """The report at path if it was made from the weights in run_dir's ckpt.pt now, with these options; else None (it
-    is made again)."""
+    """The report at path if it was made from the weights in run_dir's ckpt.pt now, with these options; else
+    None (it is made again)."""
     with suppress(OSError, ValueError):  # none there, or not a report
         rep = json.loads(Path(path).read_text())
         if isinstance(rep, dict) and isinstance(rep.get("results"), list) and weights_id(run_dir) and \

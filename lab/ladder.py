@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from eval.report import load_report, png, pyplot, write_all
 from lab.stats import LEVEL
 from lab.family import decide, declare, paired, past_l, reusable, shared_docs
-from common import (ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values,
-                    unique_runs)
+from common import (ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli,
+                    shared_values, unique_runs)
 from wandb_runs import contrast_metrics, log_results, ready_to_log
 
 LENGTHS = (2, 4)
@@ -72,7 +72,7 @@ def rung_facts(rung, seed):
 
 
 def evaluate(run_dir, docs, methods):
-    """run_dir/ladder_<docs>/extrapolation.json for these methods (reused when it has the same options and weights)."""
+    """run_dir/ladder_<docs>/extrapolation.json for these methods (reused if of these options and weights)."""
     out = run_dir / f"ladder_{docs}"
     options = ["--lengths", ",".join(map(str, LENGTHS)), "--protocols", "windows", "--docs", docs, "--crop_stride", "1",
                "--methods", ",".join(methods), "--no-wandb", "--out", str(out)]
@@ -241,7 +241,7 @@ def main(argv):
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     a = p.parse_args(argv)
-    rungs = [Path(r) for r in unique_runs(a.rungs, "rung")]  # a rung twice would count twice in the Holm family
+    rungs = [Path(r) for r in unique_runs(a.rungs, "rung")]  # a rung twice: twice in the Holm family
     seeds, wandb_log = parse_number(a.seeds, "seeds", int, 1), shared_values(a)["wandb_log"]
     for rung in rungs:
         for k in range(seeds):

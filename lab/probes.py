@@ -25,8 +25,8 @@ from eval.summary import bin_edges, mean_stderr
 from positions import visible
 from lab.bound import first_negative
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
-from common import (UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values, unless_check,
-                    weights_id)
+from common import (UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
+                    unless_check, weights_id)
 from runtime import load_run
 from wandb_runs import log_results, probe_metrics, ready_to_log
 
@@ -66,15 +66,16 @@ def parse_args(argv):
 
 
 def once(args, option, shortest, used):
-    """--option's multiples are distinct cells in tokens (a copy is at least a segment away: copy_trials, mqar_probe),
-    else one line: a cell scored twice would count twice in a study."""
+    """--option's multiples are distinct cells in tokens (a copy is at least a segment away: copy_trials,
+    mqar_probe), else one line: a cell scored twice would count twice in a study."""
     tokens = [max(shortest, round(m * args["train_len"])) for m in args[option]]
     if used and len(set(tokens)) < len(tokens):
         T = next(t for t in tokens if tokens.count(t) > 1)
         same = [f"{m:g}" for m, t in zip(args[option], tokens) if t == T]
-        why = f"at least --segment {args['segment']} apart" if T == shortest > 1 else f"at training length {args['train_len']}"
-        raise UserError(f"--{option} {' and '.join(same)} are both {T} tokens ({why}): each cell would be scored "
-                        f"twice; give each once{', or a shorter --segment' if T == shortest > 1 else ''}")
+        short = T == shortest > 1
+        why = f"at least --segment {args['segment']} apart" if short else f"at L = {args['train_len']}"
+        raise UserError(f"--{option} {' and '.join(same)} are both {T} tokens ({why}): each cell would be "
+                        f"scored twice; give each once{', or a shorter --segment' if short else ''}")
 
 
 def positions(method, n, args, run_len):
@@ -316,7 +317,7 @@ def log_wandb(report, ckpt, run_dir, pngs):
 
 
 def probes(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not a checkpoint written meanwhile
+    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "probes")  # before the computation: a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
@@ -328,7 +329,7 @@ def probes(args):
     args = dict(args, methods=usable(args["methods"], pos_emb), train_len=model.config.train_len)
     for option in ("distances", "lengths"):  # in tokens, each inside a held-out document: else one line in multiples
         in_tokens(args[option], option, args["train_len"], docs)
-    once(args, "lengths", 1, "passkey" in args["probes"] or "rotation" in args["probes"] or "entropy" in args["probes"])
+    once(args, "lengths", 1, bool({"passkey", "rotation", "entropy"} & set(args["probes"])))
     once(args, "distances", args["segment"], "copy" in args["probes"])
     once(args, "distances", args["segment"] // 2 * 2, "mqar" in args["probes"])
     if "pairs" in args["methods"]:
@@ -349,8 +350,8 @@ def probes(args):
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=args["train_len"],
                   context_len=L, pos_emb=pos_emb,
-                  checkpoint_iter=ckpt["iter_num"], **{WEIGHTS: weights}, options=args["options"], methods=args["methods"],
-                  trials=args["trials"],
+                  checkpoint_iter=ckpt["iter_num"], **{WEIGHTS: weights}, options=args["options"],
+                  methods=args["methods"], trials=args["trials"],
                   segment=args["segment"], copy_source=args["copy_source"], random_vocab=rvocab,
                   retrieval=retrieval_check(copies, args["train_len"], args["copy_source"] == "text") if copies else None,
                   seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)

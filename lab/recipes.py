@@ -27,7 +27,8 @@ from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli, weights_id, write_atomic
+from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, weights_id,
+                    write_atomic)
 from data.dataset import held_out, load_split
 from eval.methods import forward_args
 from eval.report import WEIGHTS, png, pyplot, write_all
@@ -84,7 +85,8 @@ def score(run_dir, wanted):
             T = x * L
             n, starts = choose_units(docs, "windows", T, TOKENS, 2, 0)
             nll = score_units(model, tokens, starts, n, "windows", T, None, forward_args(method, T, L, run_len), 1)
-            done[f"{method}@{x}"] = dict(tokens=TOKENS, **{WEIGHTS: weights}, past_L=nll[:, L:].mean(1).round(6).tolist(),
+            done[f"{method}@{x}"] = dict(tokens=TOKENS, **{WEIGHTS: weights},
+                                         past_L=nll[:, L:].mean(1).round(6).tolist(),
                                          past_run=nll[:, run_len:].mean(1).round(6).tolist() if T > run_len else None,
                                          docs=documents(starts, docs).tolist())
         write_atomic(path, lambda f: f.write(json_text(done).encode()))
@@ -98,10 +100,10 @@ def same_weights(a, b):
 
 
 def recipe_of(run):
-    """The recipe a fine-tune was trained with, read from its checkpoint's rope_scaling (a folder's name can be wrong);
-    None where it is none of RECIPES."""
+    """The recipe a fine-tune was trained with, read from its checkpoint's rope_scaling (a folder's name can
+    be wrong); None where it is none of RECIPES."""
     scaling = load_checkpoint(run)["config"].get("rope_scaling")
-    scaling = scaling and {k: v for k, v in scaling.items() if k != ORIGINAL}  # the length a fine-tune fills in
+    scaling = scaling and {k: v for k, v in scaling.items() if k != ORIGINAL}  # filled in by a fine-tune
     return next((r for r, (s, _) in RECIPES.items() if s == scaling), None)
 
 
@@ -120,8 +122,9 @@ def collect(folder, seeds):
             raise UserError(f"{run} has no fine-tune with kept checkpoints: train it first: "
                             f"{train_command(folder, recipe, k, '<the L model>')}")
         if (trained := recipe_of(run)) != recipe:
-            raise UserError(f"{run} was fine-tuned as {trained or 'none of the recipes'} (its rope_scaling), not as {recipe}, "
-                            f"which its folder's name says: move it to {trained}_seed{k}, or train {recipe} there")
+            raise UserError(f"{run} was fine-tuned as {trained or 'none of the recipes'} (its rope_scaling), "
+                            f"not as {recipe}, which its folder's name says: move it to {trained}_seed{k}, "
+                            f"or train {recipe} there")
     steps = sorted(kept["plain", 0])
     for key, v in kept.items():
         if sorted(v) != steps:

@@ -73,13 +73,15 @@ def check_first(args, out):
 
 
 def source_changed(ckpt, config):
-    """A fine-tune's source checkpoint holding other weights now than those it was fine-tuned from (retrained), as
-    provenance_changes says it; [] for a run from scratch."""
+    """A fine-tune's source checkpoint holding other weights now than those it was fine-tuned from
+    (retrained), as provenance_changes says it; [] for a run from scratch."""
     if config["init_from"] in ("scratch", "resume"):
         return []
     was, now = (ckpt.get("origin") or {}).get("weights_id"), weights_id(config["init_from"])
-    return [] if now is None or was == now else [f"init_from={config['init_from']!r} holds other weights now (retrained?) than the "
-                                  "ones it was fine-tuned from"]
+    if now is None or was == now:
+        return []
+    return [f"init_from={config['init_from']!r} holds other weights now (retrained?) than the ones it was "
+            "fine-tuned from"]
 
 
 def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log=True):
@@ -91,7 +93,8 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log
                                "--init_from=resume" if done else "--overwrite=True"], wandb_log)  # last: it wins
     # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
     rep = reusable(run_dir / "extrapolation.json", run_dir, eval_args)
-    if not rep or any("per_unit" not in r for r in rep["results"]):  # an older extrapolate.py kept no per-unit values
+    # an older extrapolate.py kept no per-unit values
+    if not rep or any("per_unit" not in r for r in rep["results"]):
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args], wandb_log)
     else:
         print(f"study: {name}: trained and evaluated already")
@@ -509,8 +512,8 @@ def parse_args(argv):
                         "use --out for the study's folder instead")
     for option, given in (("eval_args", args["eval_args"]), ("probe_args", args["probe_args"] or [])):
         if owned := [t for t in given if t.split("=")[0] in ("--out", "--check")]:
-            raise UserError(f"--{option} {' '.join(owned)}: the study writes its runs' reports into their folders and "
-                            "reads them back (--check: it checks the options itself); drop it")
+            raise UserError(f"--{option} {' '.join(owned)}: the study writes its runs' reports into their "
+                            "folders and reads them back (--check: it checks the options itself); drop it")
     if a.ceiling and (a.ceiling not in a.configs or not a.control or a.ceiling == a.control):
         raise UserError(f"--ceiling {a.ceiling!r} needs --control and must be another of the study's configs ({', '.join(a.configs)})")
     if a.control and a.control not in a.configs:
@@ -525,7 +528,7 @@ def parse_args(argv):
 
 def study(args):
     out, reports, probes = claim_output(args["out"], "study"), {}, {}
-    if args["wandb_log"]:  # the study's own wandb run: a bad setting or run file is one line before any training
+    if args["wandb_log"]:  # the study's own wandb run: a bad setting or run file, one line before training
         ready_to_log(out)
     check_first(args, out)
     for seed in range(args["seeds"]):  # seed-major: a study stopped early still has whole seeds of every config
@@ -534,8 +537,8 @@ def study(args):
             reports.setdefault(Path(config).stem, []).append(load_report(run_dir))
             if args["probe_args"] is not None:
                 if not (probe := reusable(run_dir / "probes.json", run_dir, args["probe_args"])):
-                    raise UserError(f"{run_dir}/probes.json is not of the weights in its ckpt.pt with these --probe_args "
-                                    "(replaced meanwhile?): run the study again")
+                    raise UserError(f"{run_dir}/probes.json is not of the weights in its ckpt.pt with these "
+                                    "--probe_args (replaced meanwhile?): run the study again")
                 probes.setdefault(Path(config).stem, []).append(probe)
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
     declared = contrasts(reports, probes, args["control"], list(dict.fromkeys([*PAIRS, *args["contrasts"]])),

@@ -1,5 +1,6 @@
-"""Issue 53: every result names the weights it read (common.weights_id, the checkpoint's bytes) and no reader uses one
-made from other weights or other options; options that apply to nothing, and duplicates, are refused in one line."""
+"""Issue 53: every result names the weights it read (common.weights_id, the checkpoint's bytes) and no reader
+uses one made from other weights or other options; options that apply to nothing, and duplicates, are refused
+in one line."""
 import json
 import shutil
 
@@ -14,7 +15,8 @@ from test_promises import CONFIG, error, tiny_run
 from test_safety import one_line
 from tests.conftest import held_out_corpus
 
-FAST = ["--lengths", "1,2", "--methods", "none,crop", "--protocols", "windows", "--tokens", "64", "--no-wandb"]
+FAST = ["--lengths", "1,2", "--methods", "none,crop", "--protocols", "windows", "--tokens", "64",
+        "--no-wandb"]
 
 
 def other_weights(run_dir):
@@ -29,7 +31,8 @@ def test_the_weights_id_is_the_checkpoints_content_not_its_path(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "ckpt.pt").write_bytes(b"weights")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    assert weights_id(tmp_path / "a") == weights_id(tmp_path / "b" / "ckpt.pt") and len(weights_id(tmp_path / "a")) == 16
+    assert weights_id(tmp_path / "a") == weights_id(tmp_path / "b" / "ckpt.pt")
+    assert len(weights_id(tmp_path / "a")) == 16
     (tmp_path / "b" / "ckpt.pt").write_bytes(b"weights, trained on")
     assert weights_id(tmp_path / "b") != weights_id(tmp_path / "a") and weights_id(tmp_path / "none") is None
 
@@ -37,8 +40,8 @@ def test_the_weights_id_is_the_checkpoints_content_not_its_path(tmp_path):
 def test_every_result_names_its_weights_and_compare_refuses_a_report_of_other_weights(dataset, tmp_path):
     run = tiny_run(tmp_path / "run", dataset)
     extrapolate.main([str(run), *FAST])
-    probes.main([str(run), "--probes", "copy", "--distances", "0.5", "--trials", "2", "--segment", "4", "--methods",
-                 "none", "--device", "cpu", "--no-wandb"])
+    probes.main([str(run), "--probes", "copy", "--distances", "0.5", "--trials", "2", "--segment", "4",
+                 "--methods", "none", "--device", "cpu", "--no-wandb"])
     context.main([str(run), "--units", "2", "--contexts", "0.5,1", "--methods", "none,crop"])
     for name in ("extrapolation", "probes", "context"):
         assert json.loads((run / f"{name}.json").read_text())["weights_id"] == weights_id(run), name
@@ -51,11 +54,14 @@ def test_every_result_names_its_weights_and_compare_refuses_a_report_of_other_we
     report = json.loads((run / "extrapolation.json").read_text())
     del report["weights_id"]
     (run / "extrapolation.json").write_text(json.dumps(report))
-    one_line(error("compare.py", compare.main, [str(run), "--out", str(tmp_path / "cmp2")]), "does not name the weights")
+    one_line(error("compare.py", compare.main, [str(run), "--out", str(tmp_path / "cmp2")]),
+             "does not name the weights")
 
 
-def test_an_evaluation_still_running_when_its_run_is_replaced_is_not_read_as_current(dataset, tmp_path, monkeypatch):
-    run, replacement = tiny_run(tmp_path / "run", dataset), tiny_run(tmp_path / "new", dataset, pos_emb="alibi")
+def test_an_evaluation_still_running_when_its_run_is_replaced_is_not_read_as_current(dataset, tmp_path,
+                                                                                      monkeypatch):
+    run = tiny_run(tmp_path / "run", dataset)
+    replacement = tiny_run(tmp_path / "new", dataset, pos_emb="alibi")
     grid = extrapolate.run_grid
 
     def replaced_meanwhile(*a):  # train.py --overwrite=True of the run, while its old weights are scored
@@ -63,45 +69,48 @@ def test_an_evaluation_still_running_when_its_run_is_replaced_is_not_read_as_cur
         return grid(*a)
     monkeypatch.setattr(extrapolate, "run_grid", replaced_meanwhile)
     extrapolate.main([str(run), *FAST])
-    assert json.loads((run / "extrapolation.json").read_text())["pos_emb"] == "rope"  # the old weights' report
+    assert json.loads((run / "extrapolation.json").read_text())["pos_emb"] == "rope"  # the old weights'
     one_line(error("compare.py", compare.main, [str(run), "--out", str(tmp_path / "cmp")]), "other weights")
     assert study.reusable(run / "extrapolation.json", run, FAST) is None
 
 
 def test_a_hand_edited_report_is_one_line_in_compare(tmp_path):
-    report = dict(run="run", train_len=32, units={}, results=[dict(protocol="windows", method="none", mode=None,
-                                                                   eval_len=64, ppl=5.0, diff_crop=0.1)])
+    result = dict(protocol="windows", method="none", mode=None, eval_len=64, ppl=5.0, diff_crop=0.1)
+    report = dict(run="run", train_len=32, units={}, results=[result])
     for edit, message in ((dict(train_len=0), "train_len=0"), (dict(train_len="32"), "train_len='32'"),
                           (dict(results=[dict(report["results"][0], diff_crop="0.1")]), "diff_crop='0.1'"),
                           (dict(results=[dict(report["results"][0], eval_len=64.5)]), "eval_len=64.5")):
         (tmp_path / "run").mkdir(exist_ok=True)
         (tmp_path / "run" / "extrapolation.json").write_text(json.dumps(dict(report, **edit)))
-        one_line(error("compare.py", compare.main, [str(tmp_path / "run"), "--out", str(tmp_path / "cmp")]), message)
+        argv = [str(tmp_path / "run"), "--out", str(tmp_path / "cmp")]
+        one_line(error("compare.py", compare.main, argv), message)
 
 
 def test_compare_refuses_reports_of_dev_and_test_documents_together(tmp_path):
     result = dict(protocol="windows", method="none", mode=None, eval_len=64, ppl=5.0, diff_crop=0.1)
     for docs in ("dev", "test"):
         (tmp_path / docs).mkdir()
-        (tmp_path / docs / "extrapolation.json").write_text(json.dumps(dict(run=docs, train_len=32, units={}, docs=docs,
-                                                                            results=[result])))
-    one_line(error("compare.py", compare.main, [str(tmp_path / "dev"), str(tmp_path / "test"), "--out", str(tmp_path / "c")]),
-             "different held-out documents", "on dev", "on test")
+        report = dict(run=docs, train_len=32, units={}, docs=docs, results=[result])
+        (tmp_path / docs / "extrapolation.json").write_text(json.dumps(report))
+    argv = [str(tmp_path / "dev"), str(tmp_path / "test"), "--out", str(tmp_path / "c")]
+    one_line(error("compare.py", compare.main, argv), "different held-out documents", "on dev", "on test")
 
 
 def test_options_that_apply_to_no_method_evaluated_are_refused():
-    for argv, message in ((["--methods", "none,pi", "--pair_factors", "2,2"], "--pair_factors applies to the method pairs"),
-                          (["--methods", "none,pi", "--dynamic_factor", "2"], "--dynamic_factor applies to the method dynamic-ntk"),
+    for argv, message in ((["--methods", "none,pi", "--pair_factors", "2,2"], "--pair_factors applies to the "
+                                                                                "method pairs"),
+                          (["--methods", "none,pi", "--dynamic_factor", "2"], "--dynamic_factor applies to"),
                           (["--methods", "none", "--dynamic_modes", "causal"], "--dynamic_modes applies"),
                           (["--methods", "none,pi", "--plot", "yarn"], "--plot yarn: not in --methods"),
                           (["--methods", "none,pairs"], "--methods pairs needs --pair_factors")):
         one_line(error("extrapolate.py", extrapolate.main, ["out/x", "--check", *argv]), message)
-    extrapolate.main(["out/x", "--check", "--methods", "none,dynamic-ntk", "--dynamic_factor", "2", "--plot", "none"])
+    extrapolate.main(["out/x", "--check", "--methods", "none,dynamic-ntk", "--dynamic_factor", "2", "--plot",
+                      "none"])
 
 
 def test_a_crop_stride_past_the_context_and_lengths_equal_in_tokens_are_refused(dataset, tmp_path):
     run = tiny_run(tmp_path / "run", dataset)
-    for argv, message in ((["--crop_stride", "100000"], "--crop_stride 100000 is longer than the run's context 32"),
+    for argv, message in ((["--crop_stride", "100000"], "--crop_stride 100000 is longer than the run's"),
                           (["--lengths", "1,1.00001"], "--lengths 1 and 1.00001 are both 32 tokens")):
         one_line(error("extrapolate.py", extrapolate.main, [str(run), *FAST, *argv]), message)
     assert not (run / "extrapolation.json").exists()
@@ -110,15 +119,18 @@ def test_a_crop_stride_past_the_context_and_lengths_equal_in_tokens_are_refused(
 
 def test_probe_distances_that_a_segment_makes_one_cell_are_refused(dataset, tmp_path):
     run = tiny_run(tmp_path / "run", dataset)
-    argv = [str(run), "--probes", "copy", "--distances", "0.25,0.5", "--trials", "2", "--methods", "none", "--no-wandb"]
-    one_line(error("probes.py", probes.main, [*argv, "--segment", "64"]), "--distances 0.25 and 0.5 are both 64 tokens",
-             "--segment 64")
-    one_line(error("probes.py", probes.main, [argv[0], "--probes", "mqar", *argv[3:], "--segment", "40"]), "both 40 tokens")
+    argv = [str(run), "--probes", "copy", "--distances", "0.25,0.5", "--trials", "2", "--methods", "none",
+            "--no-wandb"]
+    one_line(error("probes.py", probes.main, [*argv, "--segment", "64"]),
+             "--distances 0.25 and 0.5 are both 64 tokens", "--segment 64")
+    mqar = [argv[0], "--probes", "mqar", *argv[3:], "--segment", "40"]
+    one_line(error("probes.py", probes.main, mqar), "both 40 tokens")
     assert not (run / "probes.json").exists()
 
 
 def test_a_study_refuses_eval_args_that_would_read_another_report(tmp_path):
-    for option, given in (("--eval_args", "--out elsewhere"), ("--eval_args", "--check"), ("--probe_args", "--out=x")):
+    for option, given in (("--eval_args", "--out elsewhere"), ("--eval_args", "--check"),
+                          ("--probe_args", "--out=x")):
         one_line(error("study.py", study.parse_args, [CONFIG, option, given, "--out", str(tmp_path / "s")]),
                  f"{option} {given.split()[0]}")
 
@@ -133,7 +145,8 @@ def test_a_study_in_a_folder_named_as_a_number_gives_its_runs_a_string_group(tmp
 def test_a_study_checks_the_eval_options_meaning_before_training(dataset, tmp_path, capfd):
     from test_study import tiny_config
     argv = [str(tiny_config(dataset, tmp_path)), "--seeds", "1", "--out", str(tmp_path / "s"), "--no-wandb"]
-    one_line(error("study.py", study.main, [*argv, "--eval_args", "--methods pairs"]), "check the evaluation options failed")
+    one_line(error("study.py", study.main, [*argv, "--eval_args", "--methods pairs"]),
+             "check the evaluation options failed")
     assert "--methods pairs needs --pair_factors" in capfd.readouterr().err
     assert not (tmp_path / "s" / "tiny_rope_seed0").exists()
 
@@ -156,22 +169,25 @@ def small(tmp_path_factory):
     """A tiny run at L = 16 on a corpus with dev and test documents (the ladder's and recipes' windows)."""
     data = held_out_corpus(tmp_path_factory, 3)
     run_dir = tmp_path_factory.mktemp("small") / "code_small_seed0"
-    train.main([f"--{k}={v}" for k, v in dict(dataset=str(data), out_dir=run_dir, block_size=16, batch_size=4, n_layer=1,
-                                              n_head=2, n_embd=32, max_iters=2, eval_interval=2, eval_iters=1, warmup_iters=1,
-                                              wandb_log=False, device="cpu").items()])
+    cfg = dict(dataset=str(data), out_dir=run_dir, block_size=16, batch_size=4, n_layer=1, n_head=2,
+               n_embd=32, max_iters=2, eval_interval=2, eval_iters=1, warmup_iters=1, wandb_log=False,
+               device="cpu")
+    train.main([f"--{k}={v}" for k, v in cfg.items()])
     return run_dir
 
 
 def test_the_ladder_evaluates_a_retrained_rung_again_and_refuses_a_rung_given_twice(small, tmp_path, capsys):
     first = ladder.evaluate(small, "dev", ["none", "crop"])
     capsys.readouterr()
-    assert ladder.evaluate(small, "dev", ["none", "crop"]) == first and "evaluate" not in capsys.readouterr().out
+    assert ladder.evaluate(small, "dev", ["none", "crop"]) == first
+    assert "evaluate" not in capsys.readouterr().out
     other_weights(small)
     again = ladder.evaluate(small, "dev", ["none", "crop"])
     assert f"ladder: evaluate {small} on dev" in capsys.readouterr().out
     assert again["weights_id"] == weights_id(small) != first["weights_id"]
     rung = str(small.parent)
-    one_line(error("ladder.py", ladder.main, [rung, f"{rung}/", "--out", str(tmp_path / "page")]), "given twice")
+    one_line(error("ladder.py", ladder.main, [rung, f"{rung}/", "--out", str(tmp_path / "page")]),
+             "given twice")
 
 
 def test_recipes_score_a_retrained_checkpoint_again(small, monkeypatch):
@@ -198,5 +214,5 @@ def test_recipes_read_the_method_from_the_checkpoint_not_the_folder(dataset, tmp
 
 def test_recipes_refuse_an_out_that_is_a_file_before_any_work(tmp_path, monkeypatch):
     (tmp_path / "page").write_text("a file")
-    monkeypatch.setattr(recipes, "collect", lambda *a: pytest.fail("worked before the output folder was checked"))
+    monkeypatch.setattr(recipes, "collect", lambda *a: pytest.fail("worked before checking its --out"))
     one_line(error("recipes.py", recipes.main, [str(tmp_path), "--out", str(tmp_path / "page")]), "is a file")

@@ -234,7 +234,8 @@ def test_the_study_re_evaluates_a_report_without_per_unit_values(tmp_path, monke
     monkeypatch.setattr(study, "step", lambda what, cmd, wandb_log: calls.append(what))
     for report in (fake_report(4.0, 3.5), dict(fake_report(4.0, 3.5), results=[dict(entry("none"), per_unit=None)]),
                    dict(fake_report(4.0, 3.5), results=[{k: v for k, v in entry("none").items() if k != "per_unit"}])):
-        (run_dir / "extrapolation.json").write_text(json.dumps(dict(report, weights_id=weights_id(run_dir), options=[])))
+        report = dict(report, weights_id=weights_id(run_dir), options=[])
+        (run_dir / "extrapolation.json").write_text(json.dumps(report))
         study.run_one("configs/rope_small.py", 0, tmp_path, [], [])
     assert calls == ["evaluate rope_small_seed0"]  # only the last: an older extrapolate.py's
 
@@ -243,8 +244,8 @@ def test_the_same_options_in_another_order_are_not_evaluated_again(tmp_path, mon
     run_dir, calls = trained_already(tmp_path, monkeypatch), []
     monkeypatch.setattr(study, "step", lambda what, cmd, wandb_log: calls.append(cmd[3:]))
     given = ["--lengths", "1,2", "--methods", "none,crop", "--no-wandb"]
-    (run_dir / "extrapolation.json").write_text(json.dumps(dict(fake_report(4.0, 3.5), weights_id=weights_id(run_dir),
-                                                                options=given)))
+    report = dict(fake_report(4.0, 3.5), weights_id=weights_id(run_dir), options=given)
+    (run_dir / "extrapolation.json").write_text(json.dumps(report))
     for options in (["--no-wandb", "--methods", "none,crop", "--lengths", "1,2"], ["--methods=none,crop", "--lengths", "1,2", "--no-wandb"],
                     ["--lengths", "1,2", "--methods", "none", "--no-wandb"], ["--lengths", "1,2", "--methods", "none,crop"]):
         study.run_one("configs/rope_small.py", 0, tmp_path, [], options)
@@ -322,8 +323,8 @@ def test_a_study_reuses_only_runs_trained_as_it_would_train_them(dataset, tmp_pa
         assert differs in message and str(run) in message and "another --out" in message
     capsys.readouterr()
     assert (run / "ckpt.pt").read_bytes() == before
-    # a run replaced in its folder (train.py --overwrite=True) by the same weights (training is deterministic) keeps
-    # its report; by other weights, it is evaluated again: its old report is not its own
+    # a run replaced in its folder (train.py --overwrite=True) by the same weights (training is deterministic)
+    # keeps its report; by other weights, it is evaluated again: its old report is not its own
     subprocess.run([sys.executable, str(ROOT / "train.py"), str(cfg), f"--out_dir={run}", "--seed=0", "--overwrite=True",
                     "--wandb_group=s", "--wandb_run_name=tiny_rope_seed0"], check=True, capture_output=True)
     study.main(argv)

@@ -1,5 +1,6 @@
-"""Issue 53: wandb's run file and start-up are checked, not trusted: a bad wandb.json, WANDB_MODE or ./wandb is one
-line before any work, with nothing written or replaced; a server that accepts and never answers costs no wait."""
+"""Issue 53: wandb's run file and start-up are checked, not trusted: a bad wandb.json, WANDB_MODE or ./wandb
+is one line before any work, with nothing written or replaced; a server that accepts and never answers costs
+no wait."""
 import json
 import socket
 import threading
@@ -16,14 +17,17 @@ from test_safety import one_line
 from test_wandb import offline_runs, wandb_dir, without_login  # noqa: F401 (wandb_dir: a fixture)
 
 GOOD = dict(id="abc123", name="run", project="ropelab", group="run", job_type="train")
-BAD = {"a list": [GOOD], "a string": "abc123", "an extra key": dict(GOOD, extra=1), "a numeric id": dict(GOOD, id=123),
-       "an odd id": dict(GOOD, id="a/b c"), "a null project": dict(GOOD, project=None)}
-EVAL = ["--lengths", "1", "--methods", "none,crop", "--protocols", "windows", "--tokens", "64", "--wandb_log", "true"]
+BAD = {"a list": [GOOD], "a string": "abc123", "an extra key": dict(GOOD, extra=1),
+       "a numeric id": dict(GOOD, id=123), "an odd id": dict(GOOD, id="a/b c"),
+       "a null project": dict(GOOD, project=None)}
+EVAL = ["--lengths", "1", "--methods", "none,crop", "--protocols", "windows", "--tokens", "64", "--wandb_log",
+        "true"]
 
 
 def tiny(dataset, out_dir, **more):
-    cfg = dict(dict(dataset=dataset, out_dir=out_dir, batch_size=2, block_size=32, n_layer=1, n_head=2, n_embd=32,
-                    max_iters=2, eval_interval=2, eval_iters=1, warmup_iters=1, device="cpu", wandb_log=True), **more)
+    cfg = dict(dataset=dataset, out_dir=out_dir, batch_size=2, block_size=32, n_layer=1, n_head=2, n_embd=32,
+               max_iters=2, eval_interval=2, eval_iters=1, warmup_iters=1, device="cpu", wandb_log=True)
+    cfg.update(more)
     return [f"--{k}={v}" for k, v in cfg.items()]
 
 
@@ -33,7 +37,8 @@ def test_a_bad_run_file_is_one_line_before_the_evaluation_and_is_kept(dataset, w
         text = content if isinstance(content, str) and what == "not JSON" else json.dumps(content)
         (run / "wandb.json").write_text(text)
         before = files(run)
-        one_line(error("extrapolate.py", extrapolate.main, [str(run), *EVAL]), f"{run / 'wandb.json'} ", "delete it")
+        one_line(error("extrapolate.py", extrapolate.main, [str(run), *EVAL]), f"{run / 'wandb.json'} ",
+                 "delete it")
         assert files(run) == before, what  # no report written, the file not replaced
     (run / "wandb.json").write_text(json.dumps(GOOD))
     extrapolate.main([str(run), *EVAL])
@@ -45,8 +50,8 @@ def test_a_bad_run_file_stops_a_resume_and_a_fine_tune_before_training(dataset, 
     train.main(tiny(dataset, wandb_dir / "base"))
     (wandb_dir / "base" / "wandb.json").write_text(json.dumps(BAD["a numeric id"]))
     before = files(wandb_dir / "base")
-    one_line(error("train.py", train.main, tiny(dataset, wandb_dir / "base", init_from="resume", max_iters=4)),
-             "id 123 is not a wandb run id")
+    resume = tiny(dataset, wandb_dir / "base", init_from="resume", max_iters=4)
+    one_line(error("train.py", train.main, resume), "id 123 is not a wandb run id")
     one_line(error("train.py", train.main, tiny(dataset, wandb_dir / "tuned", init_from=wandb_dir / "base")),
              "base/wandb.json is not a wandb run file")
     assert files(wandb_dir / "base") == before and not (wandb_dir / "tuned" / "ckpt.pt").exists()
@@ -55,18 +60,21 @@ def test_a_bad_run_file_stops_a_resume_and_a_fine_tune_before_training(dataset, 
 def test_an_unknown_wandb_mode_is_one_line_naming_the_modes(dataset, wandb_dir, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "bogus")
     run = tiny_run(wandb_dir / "run", dataset)
-    one_line(error("extrapolate.py", extrapolate.main, [str(run), *EVAL]), "WANDB_MODE='bogus'", "online, offline, disabled")
+    one_line(error("extrapolate.py", extrapolate.main, [str(run), *EVAL]), "WANDB_MODE='bogus'",
+             "online, offline, disabled")
     assert not (run / "extrapolation.json").exists()
     monkeypatch.setenv("WANDB_MODE", "dryrun")  # wandb's own name for offline
     assert wandb_runs.wandb_mode() == "offline"
 
 
-def test_a_wandb_folder_that_cannot_be_written_is_one_line_and_leaves_no_run_file(dataset, wandb_dir, monkeypatch):
+def test_a_wandb_folder_that_cannot_be_written_is_one_line_and_leaves_no_run_file(dataset, wandb_dir,
+                                                                                   monkeypatch):
     (wandb_dir / "wandb").write_text("a file")
     one_line(error("train.py", train.main, tiny(dataset, wandb_dir / "run")), "wandb is a file", "WANDB_DIR")
     assert not (wandb_dir / "run").exists()  # no lone wandb.json, no run folder
     monkeypatch.setenv("WANDB_DIR", str(wandb_dir / "wandb" / "below"))  # under a file: cannot be made
-    one_line(error("train.py", train.main, tiny(dataset, wandb_dir / "run")), "cannot be written", "WANDB_DIR")
+    one_line(error("train.py", train.main, tiny(dataset, wandb_dir / "run")), "cannot be written",
+             "WANDB_DIR")
     assert not (wandb_dir / "run").exists()
 
 
@@ -103,7 +111,8 @@ def test_a_server_that_never_starts_the_run_falls_back_to_offline_cleanly(wandb_
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.server_port}")
     (wandb_dir / "run").mkdir()
     try:
-        wandb_runs.log_results(wandb_dir / "run", dict(wandb_run_name="run"), {"x": 1.0})  # not "run ID is in use"
+        # before: "run ID is in use", the failed online start's id held by wandb's service
+        wandb_runs.log_results(wandb_dir / "run", dict(wandb_run_name="run"), {"x": 1.0})
     finally:
         released.set()
         server.shutdown()
