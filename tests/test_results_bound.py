@@ -125,6 +125,8 @@ def test_probe_distances_that_a_segment_makes_one_cell_are_refused(dataset, tmp_
              "--distances 0.25 and 0.5 are both 64 tokens", "--segment 64")
     mqar = [argv[0], "--probes", "mqar", *argv[3:], "--segment", "40"]
     one_line(error("probes.py", probes.main, mqar), "both 40 tokens")
+    one_line(error("probes.py", probes.main, [*argv, "--pair_factors", "2"]), "--pair_factors applies to")
+    one_line(error("probes.py", probes.main, [*argv[:-2], "none,pairs", "--check"]), "needs --pair_factors")
     assert not (run / "probes.json").exists()
 
 
