@@ -57,7 +57,8 @@ def parse_args(argv):
                 pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
     if (a.pair_factors is None) == ("pairs" in args["methods"]):  # given where it applies, and only there
         raise UserError("--methods pairs needs --pair_factors" if a.pair_factors is None else
-                        f"--pair_factors applies to the method pairs only, which --methods {a.methods} leaves out")
+                        f"--pair_factors applies to the method pairs only, which --methods {a.methods} "
+                        "leaves out")
     if a.copy_source not in ("random", "text"):
         raise UserError(f"--copy_source {a.copy_source!r} is not one of: random, text")
     if min(args["distances"]) <= 0 or min(args["lengths"]) <= 0:
