@@ -3,6 +3,7 @@ strict JSON. Data preparation and reporting import this and never the model (so 
 import argparse
 import atexit
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -311,3 +312,20 @@ def write_atomic(path, write):
     """write(f) into path atomically (atomic)."""
     with atomic(path) as f:
         write(f)
+
+
+# ----------------------------------------------------------------------------- the weights a result describes
+
+def weights_id(path):
+    """The identity of a checkpoint (path: a ckpt.pt or its run folder), None where there is none: the first
+    16 hex digits of the sha256 of its bytes. Its content, not its path or mtime: a run trained on or replaced
+    in the same folder gets another id, so a result that records the id it read can be told from one of the
+    weights there now."""
+    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from common import (UserError, claim_output, data_dir, json_text, lock_holder, open_locked, release_outputs,
-                    write_atomic)
+                    weights_id, write_atomic)
 from data.dataset import builtin, load_meta, load_split
 from data.tokenizer import ModelTokenizer, gpt2_tokenizer, tokenizer_identity
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
@@ -198,7 +198,7 @@ def start_checkpoint(config, meta, device):
     train_len = checkpoint_config(ckpt).train_len  # the original training length: the first run's, through fine-tunes
     if tune:
         origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"], train_len=train_len,
-                      pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"])
+                      pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"], weights_id=weights_id(path))
     # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load as they are
     drope = tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
     if origin and scaling and ORIGINAL in ROPE_TYPES[scaling_type(scaling)].required and ORIGINAL not in scaling:

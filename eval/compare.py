@@ -85,6 +85,11 @@ def compare(run_dirs, out, metric, protocol):
             raise UserError(f"unknown --{name} {value!r}; allowed: {', '.join(allowed)}")
     claim_output(out, "compare")
     reports = [load_report(d, protocol) for d in unique_runs(run_dirs, "run")]  # a run with nothing to compare is an error, not a gap
+    # dev and test are different text: their numbers do not compare
+    if len(docs := {rep.get("docs", "all") for rep in reports}) > 1:
+        scored = ", ".join(f"{d} on {rep.get('docs', 'all')}" for d, rep in zip(run_dirs, reports))
+        raise UserError(f"the reports were scored on different held-out documents ({scored}): "
+                        f"evaluate every run with the same --docs ({', '.join(sorted(docs))} given)")
     for rep, name in zip(reports, run_labels(run_dirs, [rep["run"] for rep in reports])):
         rep["run"] = name  # two runs named alike would share a row
     if lacking := [d for d, rep in zip(run_dirs, reports) if any(metric not in r for r in rep["results"] if r.get("available", True))]:

@@ -12,16 +12,17 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import held_out, in_tokens, load_split
-from eval.report import BEST_N, CARD, PLOT_BINS, extrapolation_plot, extrapolation_table, json_csv, label, write_all
+from eval.report import (BEST_N, CARD, PLOT_BINS, WEIGHTS, extrapolation_plot, extrapolation_table, json_csv,
+                         label, write_all)
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods, split_method
 from eval.score import choose_units, score_units, sliding_windows
 from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
-                    unless_check)
+                    unless_check, weights_id)
 from rope import scaling_type
 from runtime import load_run
-from wandb_runs import extrapolation_metrics, log_results
+from wandb_runs import extrapolation_metrics, log_results, ready_to_log
 
 PROTOCOLS = ("windows", "sliding")
 DOCS = ("all", "dev", "test")  # the held-out documents, or one half of them: dev (even-numbered files), test (odd)
@@ -46,17 +47,20 @@ def parse_args(argv):
             ("min_units", "2", "at least this many windows (or stretches) per length, where the held-out text has them"),
             ("bins", "linear", "position bins: linear or log"),
             ("factor", "auto", "auto (eval length / training length) or one number >= 1 for every length"),
-            ("dynamic_factor", "1", "dynamic-ntk's extra NTK multiplier a (1: plain dynamic NTK)"),
+            ("dynamic_factor", None, "dynamic-ntk's extra NTK multiplier a (default 1: plain dynamic NTK)"),
             methods.PAIRS_OPTION,
-            ("dynamic_modes", "sequence", "sequence (one forward) and/or causal (exact per position, slow)"),
+            ("dynamic_modes", None, "dynamic-ntk's: sequence (one forward) and/or causal (exact per "
+                                    "position, slow; default sequence)"),
             ("crop_stride", "auto", "crop's truncation windows advance by this many tokens (auto: L/8; 1: exact, slow)"),
             ("helped_threshold", "2", "helped tokens: where some method beats crop by more than this many nats"),
             ("plot", "auto", f"methods drawn in extrapolation.png (auto: {','.join(CARD)} and the {BEST_N} others nearest crop past L)")):
-        p.add_argument(f"--{name}", default=default, help=f"{text} (default {default})")
+        shown = "" if default is None else f" (default {default})"
+        p.add_argument(f"--{name}", default=default, help=text + shown)
     a = p.parse_args(argv)
+    refuse_unused(a)
     args = dict(shared_values(a), options=[x for x in argv if x != a.run_dir],  # as given, so a study can tell how a run was scored
-                **{k: parse_list(getattr(a, k), k, str, allowed) for k, allowed in
-                   (("protocols", PROTOCOLS), ("dynamic_modes", DYNAMIC_MODES))},
+                protocols=parse_list(a.protocols, "protocols", str, PROTOCOLS),
+                dynamic_modes=parse_list(a.dynamic_modes or "sequence", "dynamic_modes", str, DYNAMIC_MODES),
                 methods=parse_methods(a.methods),
                 lengths=parse_list(a.lengths, "lengths", float))
     if any(m <= 0 for m in args["lengths"]):
@@ -71,11 +75,28 @@ def parse_args(argv):
     return dict(args, bins=a.bins, docs=a.docs, stride=None if a.stride == "half" else parse_number(a.stride, "stride", int, 1),
                 tokens=parse_number(a.tokens, "tokens", int, 1), min_units=parse_number(a.min_units, "min_units", int, 2),
                 factor=None if a.factor == "auto" else parse_number(a.factor, "factor", float, 1, MAX_FACTOR),
-                dynamic_factor=parse_number(a.dynamic_factor, "dynamic_factor", float, 1, MAX_FACTOR),
+                dynamic_factor=parse_number(a.dynamic_factor or "1", "dynamic_factor", float, 1, MAX_FACTOR),
                 helped_threshold=parse_number(a.helped_threshold, "helped_threshold", float, 0),
                 crop_stride=None if a.crop_stride == "auto" else parse_number(a.crop_stride, "crop_stride", int, 1),
                 pair_factors=methods.parse_pairs(a.pair_factors),
                 plot=None if a.plot == "auto" else parse_methods(a.plot))
+
+
+def refuse_unused(a):
+    """Options that apply to no method evaluated are refused, not ignored; --plot draws evaluated ones."""
+    given = parse_methods(a.methods)
+    names = [split_method(m)[0] for m in given]
+    for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"),
+                           ("dynamic_modes", "dynamic-ntk")):
+        if getattr(a, option) is not None and method not in names:
+            raise UserError(f"--{option} applies to the method {method} only, which --methods {a.methods} "
+                            f"leaves out: add {method} to --methods, or drop --{option}")
+    if "pairs" in names and a.pair_factors is None:
+        raise UserError("--methods pairs needs --pair_factors: one factor >= 1 per frequency pair, "
+                        "fastest first")
+    if a.plot != "auto" and (absent := [m for m in parse_methods(a.plot) if m not in given]):
+        raise UserError(f"--plot {', '.join(absent)}: not in --methods {a.methods}; --plot draws methods "
+                        "evaluated")
 
 
 def window_positions(n, protocol, eval_len, stride):
@@ -87,6 +108,11 @@ def window_positions(n, protocol, eval_len, stride):
 
 def run_grid(model, tokens, docs, args, train_len):
     eval_lens = in_tokens(args["lengths"], "lengths", train_len, docs)
+    if len(set(eval_lens)) < len(eval_lens):  # one length scored twice would count twice in a study
+        T = next(T for T in eval_lens if eval_lens.count(T) > 1)
+        same = [f"{m:g}" for m, n in zip(args["lengths"], eval_lens) if n == T]
+        raise UserError(f"--lengths {' and '.join(same)} are both {T} tokens at training length {train_len}: "
+                        "give each length once")
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
             ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if split_method(m)[0] == "dynamic-ntk" else [None])]
@@ -96,7 +122,11 @@ def run_grid(model, tokens, docs, args, train_len):
                          f"use a stride <= {min(eval_lens)}")
     units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"])
              for p in args["protocols"] for T in eval_lens}
-    crop_stride = min(args["crop_stride"] or max(1, model.config.block_size // 8), model.config.block_size)
+    crop_stride = args["crop_stride"] or max(1, model.config.block_size // 8)
+    if crop_stride > model.config.block_size:  # crop's targets would see a single token: not truncation to L
+        raise UserError(f"--crop_stride {crop_stride} is longer than the run's context "
+                        f"{model.config.block_size}: use --crop_stride <= {model.config.block_size} (each "
+                        "target keeps at least L - stride + 1 tokens)")
     scored, results, done = {}, [], {}
     for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
@@ -143,8 +173,12 @@ def log_wandb(report, ckpt, run_dir, png_path):
 
 
 def extrapolate(args):
+    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "extrapolation")  # before the computation: a folder that cannot be written fails now
+    logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
+    if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
+        ready_to_log(args["run_dir"])
     train_len, pos_emb = model.config.train_len, model.config.pos_emb
     if train_len != model.config.block_size:
         print(f"fine-tuned run: methods scale from the original training length {train_len}; it was fine-tuned at "
@@ -162,6 +196,7 @@ def extrapolate(args):
     spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}  # the benchmark line
     report = dict(train_len=train_len, context_len=model.config.block_size, pos_emb=pos_emb,
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
+                  **{WEIGHTS: weights},
                   options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
                   bins=args["bins"], dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
                   crop_context=[model.config.block_size - crop_stride + 1, model.config.block_size], seconds=round(time.time() - t0, 1),
@@ -172,7 +207,7 @@ def extrapolate(args):
     print(extrapolation_table(report), f"{len(results)} evaluations in {report['seconds']:.0f}s: "
           + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
           f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")
-    if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:
+    if logs:
         log_wandb(report, ckpt, args["run_dir"], out / "extrapolation.png")
     return report
 

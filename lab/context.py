@@ -31,7 +31,7 @@ from eval.score import score_cropped, score_rows
 from eval.summary import mean_stderr
 from runtime import load_run
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, unique_runs, json_text, parse_number, parse_list,
-                    run_cli, run_home, shared_values)
+                    run_cli, run_home, shared_values, weights_id)
 
 WHOLE = "whole-L"  # the whole-window reading at L: a baseline of this sweep, not a method of the forward
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
@@ -122,6 +122,7 @@ def table(report):
 
 
 def context_sweep(args):
+    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
     L, run_len, pos_emb = model.config.train_len, model.config.block_size, model.config.pos_emb
@@ -160,7 +161,8 @@ def context_sweep(args):
         raw = r.pop("raw")
         r["diff_crop"], r["diff_crop_stderr"] = (None, None) if raw is None or ref is None else mean_stderr(raw - ref)
         r["per_unit"] = None if raw is None else np.round(raw, 6).tolist()
-    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, pos_emb=pos_emb, train_len=L,
+    report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, weights_id=weights,
+                  pos_emb=pos_emb, train_len=L,
                   context_len=run_len, units=len(starts), targets=m, seed=args["seed"], contexts=contexts, factor=args["factor"],
                   options=args["options"], seconds=round(time.time() - t0, 1), starts=[int(s) for s in starts],
                   results=results)

@@ -1,12 +1,14 @@
 """The pieces of a declared family of contrasts that the study and the ladder share: per seed and unit, paired values
 read off extrapolation reports, the units' documents, and the family decided (bootstrap and seed-level test under Holm)."""
+import json
+from contextlib import suppress
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from common import ROOT, UserError
-from eval.report import label
+from common import ROOT, UserError, weights_id
+from eval.report import label, stale
 from lab.stats import both, documents, interval, replicates, seed_test
 
 
@@ -21,6 +23,17 @@ def same_options(a, b):
                 flags[-1].append(x)
         return sorted(flags)
     return groups(a) == groups(b)
+
+
+def reusable(path, run_dir, options):
+    """The report at path if it was made from the weights in run_dir's ckpt.pt now, with these options; else
+    None (it is made again)."""
+    with suppress(OSError, ValueError):  # none there, or not a report
+        rep = json.loads(Path(path).read_text())
+        if isinstance(rep, dict) and isinstance(rep.get("results"), list) and weights_id(run_dir) and \
+                not stale(rep, run_dir) and same_options(rep.get("options") or [], options):
+            return rep
+    return None
 
 
 @lru_cache(maxsize=None)

@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from eval.report import load_report, png, pyplot, write_all
 from lab.stats import LEVEL
-from lab.family import decide, declare, paired, past_l, same_options, shared_docs
-from common import ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values
-from wandb_runs import contrast_metrics, log_results
+from lab.family import decide, declare, paired, past_l, reusable, shared_docs
+from common import (ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli,
+                    shared_values, unique_runs)
+from wandb_runs import contrast_metrics, log_results, ready_to_log
 
 LENGTHS = (2, 4)
 MARGIN = 0.01
@@ -71,16 +72,16 @@ def rung_facts(rung, seed):
 
 
 def evaluate(run_dir, docs, methods):
-    """run_dir/ladder_<docs>/extrapolation.json for these methods (reused when it has the same options)."""
+    """run_dir/ladder_<docs>/extrapolation.json for these methods (reused if of these options and weights)."""
     out = run_dir / f"ladder_{docs}"
     options = ["--lengths", ",".join(map(str, LENGTHS)), "--protocols", "windows", "--docs", docs, "--crop_stride", "1",
                "--methods", ",".join(methods), "--no-wandb", "--out", str(out)]
-    if (out / "extrapolation.json").is_file() and same_options((done := load_report(out))["options"], options):
-        return done
+    if reusable(out / "extrapolation.json", run_dir, options):
+        return load_report(out, weights_of=run_dir)
     print(f"ladder: evaluate {run_dir} on {docs}", flush=True)
     if subprocess.run([sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *options]).returncode:
         raise UserError(f"evaluating {run_dir} failed (its error is above)")
-    return load_report(out)
+    return load_report(out, weights_of=run_dir)
 
 
 def past_crop(reports, method):
@@ -240,13 +241,16 @@ def main(argv):
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     a = p.parse_args(argv)
-    rungs, seeds, wandb_log = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), shared_values(a)["wandb_log"]
+    rungs = [Path(r) for r in unique_runs(a.rungs, "rung")]  # a rung twice: twice in the Holm family
+    seeds, wandb_log = parse_number(a.seeds, "seeds", int, 1), shared_values(a)["wandb_log"]
     for rung in rungs:
         for k in range(seeds):
             for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):
                 if not (rung / run / "ckpt.pt").is_file():
                     raise UserError(f"{rung / run} has no ckpt.pt: train it first (docs/experiments.md, the regime ladder)")
     out = claim_output(a.out, "ladder")
+    if wandb_log:  # the ladder's own wandb run: a bad setting or run file is one line before any evaluation
+        ready_to_log(out)
     facts = [rung_facts(r, 0) for r in rungs]
     chosen, tried = choose(rungs, seeds, facts)
     rows, n_boot = contrasts(rungs, seeds, chosen)

@@ -18,16 +18,17 @@ from data.synthetic import mqar_rows, random_vocab
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
                           parse_pairs, unavailable, usable)
 from lab.stats import RETRIEVES
-from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
+from eval.report import WEIGHTS, fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import score_rows
 from eval.summary import bin_edges, mean_stderr
 from positions import attention_weights
 from lab.bound import first_negative
 from rope import frequencies
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
-from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values, unless_check
+from common import (UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
+                    unless_check, weights_id)
 from runtime import load_run, run_tokenizer
-from wandb_runs import log_results, probe_metrics
+from wandb_runs import log_results, probe_metrics, ready_to_log
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
@@ -54,6 +55,10 @@ def parse_args(argv):
                 depths=parse_list(a.depths, "depths", float), trials=parse_number(a.trials, "trials", int, 2),
                 segment=parse_number(a.segment, "segment", int, 2),
                 pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
+    if (a.pair_factors is None) == ("pairs" in args["methods"]):  # given where it applies, and only there
+        raise UserError("--methods pairs needs --pair_factors" if a.pair_factors is None else
+                        f"--pair_factors applies to the method pairs only, which --methods {a.methods} "
+                        "leaves out")
     if a.copy_source not in ("random", "text"):
         raise UserError(f"--copy_source {a.copy_source!r} is not one of: random, text")
     if min(args["distances"]) <= 0 or min(args["lengths"]) <= 0:
@@ -62,6 +67,19 @@ def parse_args(argv):
     if bad := [d for d in args["depths"] if not 0 <= d <= 1]:
         raise UserError(f"--depths {', '.join(map(str, bad))} outside [0, 1] (the fraction of the filler before the key)")
     return args
+
+
+def once(args, option, shortest, used):
+    """--option's multiples are distinct cells in tokens (a copy is at least a segment away: copy_trials,
+    mqar_probe), else one line: a cell scored twice would count twice in a study."""
+    tokens = [max(shortest, round(m * args["train_len"])) for m in args[option]]
+    if used and len(set(tokens)) < len(tokens):
+        T = next(t for t in tokens if tokens.count(t) > 1)
+        same = [f"{m:g}" for m, t in zip(args[option], tokens) if t == T]
+        short = T == shortest > 1
+        why = f"at least --segment {args['segment']} apart" if short else f"at L = {args['train_len']}"
+        raise UserError(f"--{option} {' and '.join(same)} are both {T} tokens ({why}): each cell would be "
+                        f"scored twice; give each once{', or a shorter --segment' if short else ''}")
 
 
 def positions(method, n, args, run_len):
@@ -300,14 +318,21 @@ def log_wandb(report, ckpt, run_dir, pngs):
 
 
 def probes(args):
+    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "probes")  # before the computation: a folder that cannot be written fails now
+    logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
+    if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
+        ready_to_log(args["run_dir"])
     L, vocab, pos_emb = model.config.block_size, model.config.vocab_size, model.config.pos_emb
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")
     args = dict(args, methods=usable(args["methods"], pos_emb), train_len=model.config.train_len)
     for option in ("distances", "lengths"):  # in tokens, each inside a held-out document: else one line in multiples
         in_tokens(args[option], option, args["train_len"], docs)
+    once(args, "lengths", 1, bool({"passkey", "rotation", "entropy"} & set(args["probes"])))
+    once(args, "distances", args["segment"], "copy" in args["probes"])
+    once(args, "distances", args["segment"] // 2 * 2, "mqar" in args["probes"])
     if "pairs" in args["methods"]:
         check_pairs(args["pair_factors"], model.config)  # methods scale from it, as in extrapolate.py
     probe = dict(copy=lambda: copy_probe(model, tokens, docs, args, rvocab),
@@ -327,7 +352,8 @@ def probes(args):
     copies = [r for r in results if r["probe"] == "copy"]
     report = dict(run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, train_len=args["train_len"],
                   context_len=L, pos_emb=pos_emb,
-                  checkpoint_iter=ckpt["iter_num"], options=args["options"], methods=args["methods"], trials=args["trials"],
+                  checkpoint_iter=ckpt["iter_num"], **{WEIGHTS: weights}, options=args["options"],
+                  methods=args["methods"], trials=args["trials"],
                   segment=args["segment"], copy_source=args["copy_source"], random_vocab=rvocab,
                   retrieval=retrieval_check(copies, args["train_len"], args["copy_source"] == "text") if copies else None,
                   seconds=round(sum(seconds.values()), 1), seconds_by_probe=seconds, results=results)
@@ -339,7 +365,7 @@ def probes(args):
     write_all(out, {**figures, **json_csv("probes", report, rows, CSV_FIELDS)})
     print(f"{summary(report)}\n{len(results)} probe entries in {report['seconds']:.0f}s ("
           + ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items()) + f") -> {out}/probes.{{json,csv}}, " + ", ".join(figures))
-    if ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]:
+    if logs:
         log_wandb(report, ckpt, args["run_dir"], [out / name for name in figures])
     return report
 

@@ -27,13 +27,15 @@ from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli, write_atomic
+from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, weights_id,
+                    write_atomic)
 from data.dataset import held_out, load_split
 from eval.methods import forward_args
-from eval.report import png, pyplot, write_all
+from eval.report import WEIGHTS, png, pyplot, write_all
 from eval.score import choose_units, score_units
 from lab.family import decide, declare
 from lab.stats import LEVEL, documents, interval
+from rope import ORIGINAL
 from runtime import KEPT, load_checkpoint, load_run
 
 RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method that scales the same way past it)
@@ -70,9 +72,10 @@ def score(run_dir, wanted):
     """{"method@x": {"past_L": per-unit mean NLL past L, "past_run": past the run's own length or None, "docs": each
     unit's document}} for the wanted cells, kept in run_dir/recipes_test.json and reused while TOKENS is the same
     (crop exact: stride 1)."""
-    path = run_dir / f"recipes_{DOCS}.json"
+    path, weights = run_dir / f"recipes_{DOCS}.json", weights_id(run_dir)  # before the load: the weights read
     done = json.loads(path.read_text()) if path.is_file() else {}
-    todo = [(m, x) for m, x in wanted if done.get(f"{m}@{x}", {}).get("tokens") != TOKENS]
+    todo = [(m, x) for m, x in wanted if done.get(f"{m}@{x}", {}).get("tokens") != TOKENS
+            or done[f"{m}@{x}"].get(WEIGHTS) != weights]  # another checkpoint in that folder now
     if todo:
         model, _, data = load_run(run_dir)
         tokens, docs = load_split(data, "val")
@@ -82,7 +85,8 @@ def score(run_dir, wanted):
             T = x * L
             n, starts = choose_units(docs, "windows", T, TOKENS, 2, 0)
             nll = score_units(model, tokens, starts, n, "windows", T, None, forward_args(method, T, L, run_len), 1)
-            done[f"{method}@{x}"] = dict(tokens=TOKENS, past_L=nll[:, L:].mean(1).round(6).tolist(),
+            done[f"{method}@{x}"] = dict(tokens=TOKENS, **{WEIGHTS: weights},
+                                         past_L=nll[:, L:].mean(1).round(6).tolist(),
                                          past_run=nll[:, run_len:].mean(1).round(6).tolist() if T > run_len else None,
                                          docs=documents(starts, docs).tolist())
         write_atomic(path, lambda f: f.write(json_text(done).encode()))
@@ -93,6 +97,14 @@ def same_weights(a, b):
     """Whether two checkpoints hold the same weights (a fine-tune's step 0 is its L model, whatever its seed)."""
     wa, wb = (torch.load(p / "ckpt.pt", map_location="cpu", weights_only=True)["model"] for p in (a, b))
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def recipe_of(run):
+    """The recipe a fine-tune was trained with, read from its checkpoint's rope_scaling (a folder's name can
+    be wrong); None where it is none of RECIPES."""
+    scaling = load_checkpoint(run)["config"].get("rope_scaling")
+    scaling = scaling and {k: v for k, v in scaling.items() if k != ORIGINAL}  # filled in by a fine-tune
+    return next((r for r, (s, _) in RECIPES.items() if s == scaling), None)
 
 
 def checkpoints(run):
@@ -109,6 +121,10 @@ def collect(folder, seeds):
         if not (run / "ckpt.pt").is_file() or not kept[recipe, k]:
             raise UserError(f"{run} has no fine-tune with kept checkpoints: train it first: "
                             f"{train_command(folder, recipe, k, '<the L model>')}")
+        if (trained := recipe_of(run)) != recipe:
+            raise UserError(f"{run} was fine-tuned as {trained or 'none of the recipes'} (its rope_scaling), "
+                            f"not as {recipe}, which its folder's name says: move it to {trained}_seed{k}, "
+                            f"or train {recipe} there")
     steps = sorted(kept["plain", 0])
     for key, v in kept.items():
         if sorted(v) != steps:
@@ -331,8 +347,8 @@ def main(argv):
     p.add_argument("--seeds", default="5", help="seeds per recipe (default 5)")
     a = p.parse_args(argv)
     folder, seeds = Path(a.folder), parse_number(a.seeds, "seeds", int, 1)
+    out = claim_output(a.out, "recipes")  # before the scoring: a folder that cannot be written fails now
     table, groups, steps = collect(folder, seeds)
-    out = claim_output(a.out, "recipes")
     rows, n_boot = family(table, groups, steps[-1])
     curves, best, target, reach = summaries(table, groups, steps, n_boot)
     tests = {m: steps_test(v, "yarn", "pi") for m, v in reach.items()}

@@ -1,5 +1,4 @@
 """A study: configs x seeds trained and evaluated one at a time (resuming), aggregated into study.{json,md,png} (README.md)."""
-import json
 import math
 import os
 import shlex
@@ -14,12 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from eval.report import fmt, label, line_style, load_report, panels, plain_log_labels, png, pyplot, write_all
 from eval.methods import METHODS
-from lab.family import decide, declare, paired, past_l, same_options, shared_docs
+from lab.family import decide, declare, paired, past_l, reusable, shared_docs
 from lab.stats import LEVEL, blocks, interval, ratio_interval
 from common import (ROOT, UserError, claim_output, command_parser, data_dir, json_text, parse_number, run_cli,
-                    shared_values)
+                    shared_values, weights_id)
 from runtime import load_checkpoint, provenance_changes
-from wandb_runs import contrast_metrics, log_results
+from wandb_runs import contrast_metrics, log_results, ready_to_log
 from config import load_config
 from data.dataset import load_meta
 
@@ -46,8 +45,9 @@ def step(what, cmd, wandb_log=True):
 
 def train_argv(config, seed, run_dir, train_args):
     """train.py's options for one run of the study (its folder and seed first, the study's --train_args after)."""
-    return [config, f"--out_dir={run_dir}", f"--seed={seed}", f"--wandb_group={run_dir.parent.name}",
-            f"--wandb_run_name={run_dir.name}", *(a.replace("{seed}", str(seed)) for a in train_args)]
+    # names as Python strings: train.py reads --wandb_group=2024 as the number 2024
+    return [config, f"--out_dir={run_dir}", f"--seed={seed}", f"--wandb_group={run_dir.parent.name!r}",
+            f"--wandb_run_name={run_dir.name!r}", *(a.replace("{seed}", str(seed)) for a in train_args)]
 
 
 def check_first(args, out):
@@ -66,9 +66,22 @@ def check_first(args, out):
             meta = None
             with suppress(OSError, ValueError):  # no data prepared: its run cannot be compared on it
                 meta = load_meta(data_dir(expected["dataset"]), verify=False)
-            if changes := provenance_changes(load_checkpoint(run_dir), expected, meta):
+            ckpt = load_checkpoint(run_dir)
+            if changes := provenance_changes(ckpt, expected, meta) or source_changed(ckpt, expected):
                 raise UserError(f"{run_dir} was trained otherwise than this study would train it ({'; '.join(changes)}): "
                                 "give the study another --out, or remove that folder to train it anew")
+
+
+def source_changed(ckpt, config):
+    """A fine-tune's source checkpoint holding other weights now than those it was fine-tuned from
+    (retrained), as provenance_changes says it; [] for a run from scratch."""
+    if config["init_from"] in ("scratch", "resume"):
+        return []
+    was, now = (ckpt.get("origin") or {}).get("weights_id"), weights_id(config["init_from"])
+    if now is None or was == now:
+        return []
+    return [f"init_from={config['init_from']!r} holds other weights now (retrained?) than the ones it was "
+            "fine-tuned from"]
 
 
 def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log=True):
@@ -78,25 +91,16 @@ def run_one(config, seed, out, train_args, eval_args, probe_args=None, wandb_log
     if (done := last_iter(run_dir)) is None or done[0] < done[1]:  # none yet: a log of a killed start is replaced
         step(f"train {name}", [sys.executable, str(ROOT / "train.py"), *train_argv(config, seed, run_dir, train_args),
                                "--init_from=resume" if done else "--overwrite=True"], wandb_log)  # last: it wins
-        done = last_iter(run_dir)
-    # evaluated on the final checkpoint with the study's options, else every seed would not share the windows; a
-    # report older than the checkpoint was of another run in that folder
-    rep = (run_dir / "extrapolation.json").is_file() and fresh(run_dir, "extrapolation.json") and load_report(run_dir)
-    if not rep or rep["checkpoint_iter"] != done[0] or not same_options(rep.get("options") or [], eval_args) or \
-            any("per_unit" not in r for r in rep["results"]):  # an older extrapolate.py kept no per-unit values
+    # evaluated on the final checkpoint with the study's options, else every seed would not share the windows
+    rep = reusable(run_dir / "extrapolation.json", run_dir, eval_args)
+    # an older extrapolate.py kept no per-unit values
+    if not rep or any("per_unit" not in r for r in rep["results"]):
         step(f"evaluate {name}", [sys.executable, str(ROOT / "eval" / "extrapolate.py"), str(run_dir), *eval_args], wandb_log)
     else:
         print(f"study: {name}: trained and evaluated already")
-    rep = (run_dir / "probes.json").is_file() and fresh(run_dir, "probes.json") and json.loads((run_dir / "probes.json").read_text())
-    if probe_args is not None and (not rep or rep["checkpoint_iter"] != done[0] or not same_options(rep["options"], probe_args)):
+    if probe_args is not None and not reusable(run_dir / "probes.json", run_dir, probe_args):
         step(f"probe {name}", [sys.executable, str(ROOT / "lab" / "probes.py"), str(run_dir), *probe_args], wandb_log)
     return run_dir
-
-
-def fresh(run_dir, report):
-    """Whether run_dir's report was written after its checkpoint (of this run, not of one it replaced)."""
-    ckpt = run_dir / "ckpt.pt"
-    return not ckpt.is_file() or (run_dir / report).stat().st_mtime >= ckpt.stat().st_mtime
 
 
 def spread(values, what, groups=None, unit="window"):
@@ -506,6 +510,10 @@ def parse_args(argv):
     if owned := [t for t in args["train_args"] if t.split("=")[0] == "--out_dir"]:
         raise UserError(f"--train_args {' '.join(owned)}: the study owns its runs' folders (<out>/<config>_seed<k>); "
                         "use --out for the study's folder instead")
+    for option, given in (("eval_args", args["eval_args"]), ("probe_args", args["probe_args"] or [])):
+        if owned := [t for t in given if t.split("=")[0] in ("--out", "--check")]:
+            raise UserError(f"--{option} {' '.join(owned)}: the study writes its runs' reports into their "
+                            "folders and reads them back (--check: it checks the options itself); drop it")
     if a.ceiling and (a.ceiling not in a.configs or not a.control or a.ceiling == a.control):
         raise UserError(f"--ceiling {a.ceiling!r} needs --control and must be another of the study's configs ({', '.join(a.configs)})")
     if a.control and a.control not in a.configs:
@@ -520,13 +528,18 @@ def parse_args(argv):
 
 def study(args):
     out, reports, probes = claim_output(args["out"], "study"), {}, {}
+    if args["wandb_log"]:  # the study's own wandb run: a bad setting or run file, one line before training
+        ready_to_log(out)
     check_first(args, out)
     for seed in range(args["seeds"]):  # seed-major: a study stopped early still has whole seeds of every config
         for config in args["configs"]:
             run_dir = run_one(config, seed, out, args["train_args"], args["eval_args"], args["probe_args"], args["wandb_log"])
             reports.setdefault(Path(config).stem, []).append(load_report(run_dir))
             if args["probe_args"] is not None:
-                probes.setdefault(Path(config).stem, []).append(json.loads((run_dir / "probes.json").read_text()))
+                if not (probe := reusable(run_dir / "probes.json", run_dir, args["probe_args"])):
+                    raise UserError(f"{run_dir}/probes.json is not of the weights in its ckpt.pt with these "
+                                    "--probe_args (replaced meanwhile?): run the study again")
+                probes.setdefault(Path(config).stem, []).append(probe)
     rows, probe_rows = aggregate(reports), aggregate_probes(probes)
     declared = contrasts(reports, probes, args["control"], list(dict.fromkeys([*PAIRS, *args["contrasts"]])),
                          args["margin"], args["rate_margin"])

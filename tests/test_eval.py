@@ -57,9 +57,10 @@ def learned_run(tmp_path_factory, dataset):
 
 
 def run(run_dir, out, *argv):
-    # 4 windows of the longest length 4L, and as many tokens at the shorter ones
-    extrapolate.main([str(run_dir), "--out", str(out), "--tokens", str(16 * L), "--dynamic_modes", "sequence,causal",
-                      "--no-wandb", *argv])
+    # 4 windows of the longest length 4L, and as many tokens at the shorter ones; dynamic-ntk in both modes
+    chosen = argv[argv.index("--methods") + 1] if "--methods" in argv else "dynamic-ntk"
+    modes = ["--dynamic_modes", "sequence,causal"] if "dynamic-ntk" in chosen.split(",") else []
+    extrapolate.main([str(run_dir), "--out", str(out), "--tokens", str(16 * L), *modes, "--no-wandb", *argv])
     return json.loads((Path(out) / "extrapolation.json").read_text())
 
 
@@ -127,7 +128,7 @@ def test_pairs_with_one_factor_everywhere_is_pi_and_needs_a_factor_per_pair(rope
     pairs, pi = by(rep, "pairs")[2 * L], by(rep, "pi")[2 * L]
     assert pairs["loss_by_position"] == pytest.approx(pi["loss_by_position"], abs=1e-6)
     assert pairs["loss"] != pytest.approx(by(rep, "none")[2 * L]["loss"], abs=1e-4)
-    assert "--methods pairs needs --pair_factors: 8 factors" in error_of([str(rope_run), "--methods", "pairs"])
+    assert "--methods pairs needs --pair_factors" in error_of([str(rope_run), "--methods=pairs", "--check"])
     assert "this model has 8 frequency pairs" in error_of([str(rope_run), "--methods", "pairs", "--pair_factors", "2,2"])
 
 

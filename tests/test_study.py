@@ -8,9 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from lab import family, stats, study
-from common import ROOT
+from common import ROOT, weights_id
 
 
 
@@ -219,25 +220,32 @@ def test_an_old_report_or_seeds_on_different_windows_are_a_one_line_error(tmp_pa
     assert "seeds were scored on different units (4, 2 of them)" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_study_re_evaluates_a_report_without_per_unit_values(tmp_path, monkeypatch):
-    run_dir, calls = tmp_path / "rope_small_seed0", []
+def trained_already(tmp_path, monkeypatch):
+    """A study's run folder whose training is done: a checkpoint's bytes (reuse compares their weights_id)."""
+    run_dir = tmp_path / "rope_small_seed0"
     run_dir.mkdir()
-    monkeypatch.setattr(study, "last_iter", lambda run_dir: (6, 6))  # trained already
+    (run_dir / "ckpt.pt").write_bytes(b"the weights")
+    monkeypatch.setattr(study, "last_iter", lambda run_dir: (6, 6))
+    return run_dir
+
+
+def test_the_study_re_evaluates_a_report_without_per_unit_values(tmp_path, monkeypatch):
+    run_dir, calls = trained_already(tmp_path, monkeypatch), []
     monkeypatch.setattr(study, "step", lambda what, cmd, wandb_log: calls.append(what))
     for report in (fake_report(4.0, 3.5), dict(fake_report(4.0, 3.5), results=[dict(entry("none"), per_unit=None)]),
                    dict(fake_report(4.0, 3.5), results=[{k: v for k, v in entry("none").items() if k != "per_unit"}])):
-        (run_dir / "extrapolation.json").write_text(json.dumps(dict(report, checkpoint_iter=6, options=[])))
+        report = dict(report, weights_id=weights_id(run_dir), options=[])
+        (run_dir / "extrapolation.json").write_text(json.dumps(report))
         study.run_one("configs/rope_small.py", 0, tmp_path, [], [])
     assert calls == ["evaluate rope_small_seed0"]  # only the last: an older extrapolate.py's
 
 
 def test_the_same_options_in_another_order_are_not_evaluated_again(tmp_path, monkeypatch):
-    run_dir, calls = tmp_path / "rope_small_seed0", []
-    run_dir.mkdir()
-    monkeypatch.setattr(study, "last_iter", lambda run_dir: (6, 6))
+    run_dir, calls = trained_already(tmp_path, monkeypatch), []
     monkeypatch.setattr(study, "step", lambda what, cmd, wandb_log: calls.append(cmd[3:]))
     given = ["--lengths", "1,2", "--methods", "none,crop", "--no-wandb"]
-    (run_dir / "extrapolation.json").write_text(json.dumps(dict(fake_report(4.0, 3.5), checkpoint_iter=6, options=given)))
+    report = dict(fake_report(4.0, 3.5), weights_id=weights_id(run_dir), options=given)
+    (run_dir / "extrapolation.json").write_text(json.dumps(report))
     for options in (["--no-wandb", "--methods", "none,crop", "--lengths", "1,2"], ["--methods=none,crop", "--lengths", "1,2", "--no-wandb"],
                     ["--lengths", "1,2", "--methods", "none", "--no-wandb"], ["--lengths", "1,2", "--methods", "none,crop"]):
         study.run_one("configs/rope_small.py", 0, tmp_path, [], options)
@@ -315,9 +323,15 @@ def test_a_study_reuses_only_runs_trained_as_it_would_train_them(dataset, tmp_pa
         assert differs in message and str(run) in message and "another --out" in message
     capsys.readouterr()
     assert (run / "ckpt.pt").read_bytes() == before
-    # a run replaced in its folder (train.py --overwrite=True) is evaluated again: its old report is not its own
+    # a run replaced in its folder (train.py --overwrite=True) by the same weights (training is deterministic)
+    # keeps its report; by other weights, it is evaluated again: its old report is not its own
     subprocess.run([sys.executable, str(ROOT / "train.py"), str(cfg), f"--out_dir={run}", "--seed=0", "--overwrite=True",
                     "--wandb_group=s", "--wandb_run_name=tiny_rope_seed0"], check=True, capture_output=True)
+    study.main(argv)
+    assert "tiny_rope_seed0: trained and evaluated already" in capsys.readouterr().out
+    ckpt = torch.load(run / "ckpt.pt", weights_only=True)
+    ckpt["model"]["lm_head.weight"] += 0.01
+    torch.save(ckpt, run / "ckpt.pt")
     study.main(argv)
     assert "study: evaluate tiny_rope_seed0" in capsys.readouterr().out
 

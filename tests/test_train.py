@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import train
+from common import weights_id
 from model import GPT, GPTConfig
 from runtime import model_from_checkpoint
 
@@ -145,7 +146,8 @@ def test_fine_tune_starts_from_a_run_at_a_longer_length(dataset, tmp_path, capsy
     a, b = weights(base), weights(tuned)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert b["iter_num"] == 2 and b["model_args"]["block_size"] == 64 and b["model_args"]["rope_scaling"] == pi
-    assert b["origin"] == dict(init_from=str(base), iter_num=10, train_len=32, pos_emb="rope")
+    assert b["origin"] == dict(init_from=str(base), iter_num=10, train_len=32, pos_emb="rope",
+                               weights_id=weights_id(base))  # the source's weights, which a study compares
     assert b["optimizer"]["state"][0]["step"] == 2  # a fresh optimizer: only the fine-tune's own steps
     # a fine-tune of a fine-tune keeps the first run's length
     train.main(args(dataset, again, init_from=str(tuned / "ckpt.pt"), block_size=128, max_iters=1, eval_interval=1))
@@ -197,7 +199,8 @@ def test_drope_fine_tunes_a_rope_run_with_its_rotation_dropped(dataset, tmp_path
         assert not torch.allclose(logits, model_from_checkpoint(ckpt).eval()(idx)[0], atol=1e-6)  # the rotation is gone
     tuned_ckpt = weights(tuned)
     assert tuned_ckpt["model_args"]["pos_emb"] == "none" and tuned_ckpt["iter_num"] == 30
-    assert tuned_ckpt["origin"] == dict(init_from=str(base), iter_num=10, train_len=32, pos_emb="rope")
+    assert tuned_ckpt["origin"] == dict(init_from=str(base), iter_num=10, train_len=32, pos_emb="rope",
+                                        weights_id=weights_id(base))
 
 
 def test_a_fine_tune_changes_pos_emb_only_from_rope_to_none(dataset, tmp_path):
