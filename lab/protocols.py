@@ -18,7 +18,7 @@ Writes shapes.{md,json,png} into --out (docs/methodology.md, "Published protocol
     python lab/protocols.py out/ladder/L32 --seeds 2 --out out/protocols/test
 """
 import dataclasses
-import hashlib
+import json
 import math
 import shlex
 import sys
@@ -29,7 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from common import UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values
+from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values,
+                    weights_id, write_atomic)
 from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
@@ -68,10 +69,6 @@ def bojone_methods(L):
 def su_methods(L):
     """Su's rows: the baseline, NTK-RoPE-logn-mixed and ReRoPE at w = 256 of 512 (L/2), with and without log-n."""
     return ["none", "ntk-mixed+logn", f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"]
-
-
-def weights_id(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def other_document(unit_docs):
@@ -160,9 +157,9 @@ def evaluate_seed(rung, seed, docs_name, units_n, device):
     small, tuned = rung / f"code_small_seed{seed}", rung / f"code_yarn4x_seed{seed}"
     if units_n is None:  # auto: the same 16k targets at every L, at least 16 units
         units_n = max(16, 2048 // torch.load(small / "ckpt.pt", weights_only=True, map_location="cpu")["model_args"]["block_size"])
-    ids = dict(small=weights_id(small / "ckpt.pt"), tuned=weights_id(tuned / "ckpt.pt"), docs=docs_name, units=units_n)
+    ids = dict(small=weights_id(small), tuned=weights_id(tuned), docs=docs_name, units=units_n)
     cache = small / f"protocols_{docs_name}.json"
-    if cache.is_file() and (done := __import__("json").loads(cache.read_text())).get("ids") == ids:
+    if cache.is_file() and (done := json.loads(cache.read_text())).get("ids") == ids:
         return done
     print(f"protocols: {rung.name} seed {seed} on {docs_name}", flush=True)
     model, _, data_dir = load_run(small, device)
@@ -186,7 +183,7 @@ def evaluate_seed(rung, seed, docs_name, units_n, device):
     result["yarn_tuned"] = yarn_protocol(tuned_model, tokens, long_docs, L, head_dim, (1, 2, 4, 5), ("none",),
                                          {"crop": tuned_model.config.block_size, "crop-L": L})
     result = json_ready(result)
-    cache.write_text(json_text(result) + "\n")
+    write_atomic(cache, lambda f: f.write((json_text(result) + "\n").encode()))
     return result
 
 
@@ -198,9 +195,9 @@ def json_ready(x):
 
 def seed_means(results, *path):
     """{row: [mean per seed]} of one protocol's per-unit readings (path: the keys down to the rows)."""
-    tables = [r for r in results]
-    for key in path:
-        tables = [t[key] for t in tables]
+    tables = list(results)
+    for step in path:
+        tables = [t[step] for t in tables]
     return {row: [float(np.mean(t[row])) for t in tables] for row in tables[0]}
 
 
