@@ -25,11 +25,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
-from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, shared_values,
+from common import (UserError, claim_output, command_parser, json_text, parse_list, parse_number, run_cli,
+                    shared_values,
                     weights_id, write_atomic)
 from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
@@ -39,31 +39,39 @@ from runtime import load_run
 from wandb_runs import key, log_results
 
 NTK_MIXED = (12.0, 0.75)  # bojone's ntk_patch.py: k and b
+PROTOCOLS = ("bojone", "yarn", "press", "su", "grid")
 
 
-def ntk_mixed_factors(head_dim, k, b):
+def ntk_mixed_factors(rotary_dim, k, b):
     """NTK-RoPE-mixed (Su 2023, bojone/rerope ntk_patch.py): pair j = 1 .. d/2 divided by exp(a j^b), a = ln k / (d/2)^b,
     so the fastest pair is nearly kept and the slowest divided by k; one factor per pair, fastest first."""
-    a = math.log(k) / (head_dim / 2) ** b
-    return [math.exp(a * j ** b) for j in range(1, head_dim // 2 + 1)]
+    a = math.log(k) / (rotary_dim / 2) ** b
+    return [math.exp(a * j ** b) for j in range(1, rotary_dim // 2 + 1)]
 
 
-def method(spec, L, run_len, length, head_dim, factor):
+def method(spec, L, run_len, length, rotary_dim, factor):
     """The positions.Method of a row: a method of eval/methods.py by its name and settings, '+logn' adding Su's log-n
     (queries past L scaled by log(n) / log L, as rerope_patch.py and ntk_patch.py do), 'ntk-mixed' bojone's fixed form."""
     name, logn = spec.removesuffix("+logn"), spec.endswith("+logn")
     if name == "ntk-mixed":
-        how = forward_args("pairs", length, L, run_len, ntk_mixed_factors(head_dim, *NTK_MIXED))
+        how = forward_args("pairs", length, L, run_len, ntk_mixed_factors(rotary_dim, *NTK_MIXED))
     else:
         how = forward_args(name, length, L, run_len, factor)
     return dataclasses.replace(how, logn_len=L) if logn else how
 
 
-def bojone_methods(L):
+def bojone_methods(L, rotary_dim=None):
     """bojone's rows as published (ReRoPE with log-n at window L/4 as its README's 1024 of 4k, L/8 as its shipped code's
-    512; NTK-RoPE-logn-mixed), and the testbed's plain forms beside them."""
-    return ["none", "ntk-mixed+logn", f"rerope:window={L // 4}+logn", f"rerope:window={L // 8}+logn",
+    512; NTK-RoPE-logn-mixed), and the testbed's plain forms beside them. NTK-aware's base * s^(d / (d - 2)) needs at
+    least two rotating pairs (rotary_dim None: any)."""
+    rows = ["none", "ntk-mixed+logn", f"rerope:window={L // 4}+logn", f"rerope:window={L // 8}+logn",
             f"rerope:window={L // 4}", "rerope", "ntk", "yarn"]
+    return [r for r in rows if r != "ntk" or rotary_dim is None or rotary_dim >= 4]
+
+
+def read_rows(results):
+    """The bojone rows a rung's results hold, in bojone_methods' order."""
+    return [r for r in bojone_methods(results[0]["L"]) if f"{r}@1L" in results[0]["bojone"]["same"]]
 
 
 def su_methods(L):
@@ -83,16 +91,16 @@ def mean_rows(model, rows, last, how):
     return nll.mean(axis=1), hit.mean(axis=1)
 
 
-def bojone(model, units, L, head_dim, swap):
+def bojone(model, units, L, rotary_dim, swap):
     """{arm: {row: per-unit mean NLL of the final L targets}}: crop, and each method at L, 2L and 4L of input."""
     same = units[:, -(4 * L + 1):]
     arms = {"same": same, "swapped": np.concatenate([same[swap, :3 * L + 1], same[:, 3 * L + 1:]], axis=1)}
     out = {}
     for arm, rows in arms.items():
         out[arm] = {"crop": score_cropped(model, rows, L, L)[0].mean(axis=1)}
-        for spec in bojone_methods(L):
+        for spec in bojone_methods(L, rotary_dim):
             for c in (L, 2 * L, 4 * L):
-                how = method(spec, L, model.config.block_size, c, head_dim, 4.0)
+                how = method(spec, L, model.config.block_size, c, rotary_dim, 4.0)
                 out[arm][f"{spec}@{c // L}L"] = mean_rows(model, rows[:, -(c + 1):], L, how)[0]
     return out
 
@@ -104,18 +112,18 @@ def grid(L):
     return [f"{m}:window={w}{logn}" for m in ("rerope", "leaky-rerope") for w in windows for logn in ("", "+logn")]
 
 
-def window_grid(model, units, L, head_dim):
+def window_grid(model, units, L, rotary_dim):
     """{row@kL: per-unit mean NLL of the final L targets} of every grid setting at 2L and 4L of input, and crop."""
     rows = units[:, -(4 * L + 1):]
     out = {"crop": score_cropped(model, rows, L, L)[0].mean(axis=1)}
     for spec in grid(L):
         for c in (2 * L, 4 * L):
-            how = method(spec, L, model.config.block_size, c, head_dim, None)
+            how = method(spec, L, model.config.block_size, c, rotary_dim, None)
             out[f"{spec}@{c // L}L"] = mean_rows(model, rows[:, -(c + 1):], L, how)[0]
     return out
 
 
-def press_su(model, units, L, head_dim):
+def press_su(model, units, L, rotary_dim):
     """Press: {k: per-unit mean NLL} of the unit's 8L targets in non-overlapping windows of kL, and crop on the same
     targets. Su: per-unit accuracy at L (windows of L), at 8L on the unit and on its first 4L tokens repeated."""
     n = units.shape[1] - 1
@@ -123,7 +131,7 @@ def press_su(model, units, L, head_dim):
     for k in (1, 2, 4, 8):
         w = k * L
         windows = np.stack([units[:, s:s + w + 1] for s in range(0, n, w)], axis=1).reshape(-1, w + 1)
-        nll, hit = score_rows(model, windows, method=method("none", L, model.config.block_size, w, head_dim, None))
+        nll, hit = score_rows(model, windows, method=method("none", L, model.config.block_size, w, rotary_dim, None))
         press[f"none@{k}L"] = nll.reshape(len(units), -1).mean(axis=1)
         if k == 1:
             su["none@1L"] = hit.reshape(len(units), -1).mean(axis=1)
@@ -131,12 +139,12 @@ def press_su(model, units, L, head_dim):
     for text, rows in (("text", units), ("repeated", repeated)):
         su[f"crop@8L/{text}"] = score_cropped(model, rows, n, L)[1].mean(axis=1)
         for spec in su_methods(L):
-            su[f"{spec}@8L/{text}"] = mean_rows(model, rows, n, method(spec, L, model.config.block_size, n, head_dim,
+            su[f"{spec}@8L/{text}"] = mean_rows(model, rows, n, method(spec, L, model.config.block_size, n, rotary_dim,
                                                                        8.0))[1]
     return press, su
 
 
-def yarn_protocol(model, tokens, docs, L, head_dim, lengths, methods, crops):
+def yarn_protocol(model, tokens, docs, L, rotary_dim, lengths, methods, crops):
     """{row: per-document mean NLL}: each document's first kL + 1 tokens scored in one window from position 0 (the
     methods at factor k), and exact crop to each of `crops` (tokens) on the same targets."""
     out = {}
@@ -144,44 +152,67 @@ def yarn_protocol(model, tokens, docs, L, head_dim, lengths, methods, crops):
         rows = np.stack([tokens[s:s + round(k * L) + 1] for s in docs[:, 0]]).astype(np.int64)
         n = rows.shape[1] - 1
         for spec in methods:
-            how = method(spec, L, model.config.block_size, n, head_dim, max(1.0, k))
+            how = method(spec, L, model.config.block_size, n, rotary_dim, max(1.0, k))
             out[f"{spec}@{k:g}L"] = mean_rows(model, rows, n, how)[0]
         for name, c in crops.items():
             out[f"{name}@{k:g}L"] = score_cropped(model, rows, n, c)[0].mean(axis=1)
     return out
 
 
-def evaluate_seed(rung, seed, docs_name, units_n, device):
-    """Every protocol's per-unit readings for one seed of a rung (its L model and its fine-tune), reused from
-    rung/code_small_seed<k>/protocols_<docs>.json while the weights and options are the same."""
-    small, tuned = rung / f"code_small_seed{seed}", rung / f"code_yarn4x_seed{seed}"
-    if units_n is None:  # auto: the same 16k targets at every L, at least 16 units
-        units_n = max(16, 2048 // torch.load(small / "ckpt.pt", weights_only=True, map_location="cpu")["model_args"]["block_size"])
-    ids = dict(small=weights_id(small), tuned=weights_id(tuned), docs=docs_name, units=units_n)
+def members(path, seeds):
+    """[(L model, its 4L fine-tune or None)] per seed: a rung folder's code_small_seed<k> and code_yarn4x_seed<k>, or
+    one run (a run folder or a model folder) alone."""
+    if (path / "code_small_seed0").is_dir():
+        pairs = [(path / f"code_small_seed{k}", path / f"code_yarn4x_seed{k}") for k in range(seeds)]
+    else:
+        pairs = [(path, None)]
+    for run in (r for pair in pairs for r in pair if r is not None):
+        if weights_id(run) is None:
+            raise UserError(f"{run} holds no checkpoint or model weights: train it first (docs/experiments.md, the "
+                            "regime ladder) or give a run folder or model folder")
+    return pairs
+
+
+def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
+    """The chosen protocols' per-unit readings for one L model (and YaRN's on its fine-tune, if any), reused from
+    small/protocols_<docs>.json while the weights and options are the same."""
+    model, _, data_dir = load_run(small, device)
+    L = model.config.train_len
+    # NTK-mixed's pairs are the rotating ones: a partial rotary factor (Pythia's 0.25) leaves the rest unrotated
+    partial = (model.config.rope_scaling or {}).get("partial_rotary_factor", 1.0)
+    rotary_dim = int(model.config.n_embd // model.config.n_head * partial)
+    units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
+    ids = dict(small=weights_id(small), tuned=tuned and weights_id(tuned), docs=docs_name, units=units_n,
+               **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key
     cache = small / f"protocols_{docs_name}.json"
     if cache.is_file() and (done := json.loads(cache.read_text())).get("ids") == ids:
         return done
-    print(f"protocols: {rung.name} seed {seed} on {docs_name}", flush=True)
-    model, _, data_dir = load_run(small, device)
-    L, head_dim = model.config.train_len, model.config.n_embd // model.config.n_head
+    print(f"protocols: {small} on {docs_name}", flush=True)
     tokens, docs = load_split(data_dir, "val")
     docs = held_out(docs, docs_name)
-    starts = doc_windows(docs, 8 * L + 1, units_n, np.random.default_rng(0))
-    units = np.stack([tokens[s:s + 8 * L + 1] for s in starts]).astype(np.int64)
+    reach = 8 * L if {"press", "su"} & set(chosen) else 4 * L  # the unit: as long as the longest reading needs
+    starts = doc_windows(docs, reach + 1, units_n, np.random.default_rng(0))
+    units = np.stack([tokens[s:s + reach + 1] for s in starts]).astype(np.int64)
     unit_docs = np.searchsorted(docs[:, 0], starts, side="right") - 1
-    swap = other_document(unit_docs.tolist())
-    if None in swap:
-        raise UserError(f"{rung}: every unit comes from one document; the swapped prefix needs two (more --units)")
-    long_docs = docs[docs[:, 1] - docs[:, 0] > 5 * L]
-    long_docs = long_docs[np.sort(np.random.default_rng(0).permutation(len(long_docs))[:units_n])]
-    press, su = press_su(model, units, L, head_dim)
-    result = dict(ids=ids, L=L, units=len(units), documents=len(long_docs), bojone=bojone(model, units, L, head_dim, swap),
-                  press=press, su=su, grid=window_grid(model, units, L, head_dim),
-                  yarn_zero_shot=yarn_protocol(model, tokens, long_docs, L, head_dim, (1, 2, 4), ("none", "pi", "ntk", "yarn"),
-                                               {"crop": L}))
-    tuned_model = load_run(tuned, device)[0]
-    result["yarn_tuned"] = yarn_protocol(tuned_model, tokens, long_docs, L, head_dim, (1, 2, 4, 5), ("none",),
-                                         {"crop": tuned_model.config.block_size, "crop-L": L})
+    result = dict(ids=ids, L=L, units=len(units))
+    if "bojone" in chosen:
+        if None in (swap := other_document(unit_docs.tolist())):
+            raise UserError(f"{small}: every unit comes from one document; the swapped prefix needs two (more --units)")
+        result["bojone"] = bojone(model, units, L, rotary_dim, swap)
+    if "grid" in chosen:
+        result["grid"] = window_grid(model, units, L, rotary_dim)
+    if {"press", "su"} & set(chosen):
+        result["press"], result["su"] = press_su(model, units, L, rotary_dim)
+    if "yarn" in chosen:
+        long_docs = docs[docs[:, 1] - docs[:, 0] > 5 * L]
+        long_docs = long_docs[np.sort(np.random.default_rng(0).permutation(len(long_docs))[:units_n])]
+        result["documents"] = len(long_docs)
+        result["yarn_zero_shot"] = yarn_protocol(model, tokens, long_docs, L, rotary_dim, (1, 2, 4),
+                                                 ("none", "pi", "ntk", "yarn"), {"crop": L})
+        if tuned is not None:
+            tuned_model = load_run(tuned, device)[0]
+            result["yarn_tuned"] = yarn_protocol(tuned_model, tokens, long_docs, L, rotary_dim, (1, 2, 4, 5), ("none",),
+                                                 {"crop": tuned_model.config.block_size, "crop-L": L})
     result = json_ready(result)
     write_atomic(cache, lambda f: f.write((json_text(result) + "\n").encode()))
     return result
@@ -244,7 +275,7 @@ def bojone_section(rung, results, L):
              "RoPE-4k row is this whole-window reading: no published row is crop).\n",
              "| row | published 4k / 8k / 16k | testbed L / 2L / 4L | minus crop at 2L / 4L | 2L -> 4L | distortion (swapped, 4L) "
              "| reads past L (4L) |", "| --- | --- | --- | --- | ---: | ---: | ---: |"]
-    for spec in bojone_methods(L):
+    for spec in read_rows(results):
         published = next((v for k, v in BOJONE.items() if k.format(w4=L // 4) == spec), None)
         pub = " / ".join("-" if x is None else f"{x:.4f}" for x in published[1]) if published else ""
         at = [same[f"{spec}@{k}L"] for k in (1, 2, 4)]
@@ -264,7 +295,7 @@ def holds_bojone(results, L):
     L reading at 2L; and what no published row tested, below exact crop."""
     same = {k: np.mean(v) for k, v in seed_means(results, "bojone", "same").items()}
     out = {}
-    for r in (s for s in bojone_methods(L) if s.startswith("rerope")):
+    for r in (s for s in read_rows(results) if s.startswith("rerope")):
         out[f"`{r}`: 2L below RoPE's whole window at L"] = same[f"{r}@2L"] < same["none@1L"]
         out[f"`{r}`: 4L below 2L"] = same[f"{r}@4L"] < same[f"{r}@2L"]
         out[f"`{r}`: below exact crop at 2L or 4L (not in the published table)"] = min(same[f"{r}@2L"], same[f"{r}@4L"]) < same["crop"]
@@ -274,16 +305,18 @@ def holds_bojone(results, L):
 
 
 def yarn_section(rung, results):
-    tuned, zero = seed_means(results, "yarn_tuned"), seed_means(results, "yarn_zero_shot")
+    zero = seed_means(results, "yarn_zero_shot")
     ppl = lambda v: [math.exp(x) for x in v]  # noqa: E731
     lines = [f"### YaRN's protocol (documents truncated, one window from 0), rung {rung}\n",
              "Perplexity; F, the fine-tuned length (published 8k, testbed 4L); the testbed's documents are those of at "
              "least 5L + 1 tokens, each cut at its start.\n",
              "| row | F/4 | F/2 | F | 1.25F |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {name} (published) | " + " | ".join(f"{x:.3f}" for x in v) + " |" for name, v in YARN.items()]
-    for row, label in (("none", "the ceiling (YaRN s = 4 fine-tune at 4L)"), ("crop", "its exact crop to 4L"),
-                       ("crop-L", "its exact crop to L")):
-        lines.append(f"| {label} | " + " | ".join(cell(ppl(tuned[f"{row}@{k}L"])) for k in (1, 2, 4, 5)) + " |")
+    if "yarn_tuned" in results[0]:
+        tuned = seed_means(results, "yarn_tuned")
+        for row, label in (("none", "the ceiling (YaRN s = 4 fine-tune at 4L)"), ("crop", "its exact crop to 4L"),
+                           ("crop-L", "its exact crop to L")):
+            lines.append(f"| {label} | " + " | ".join(cell(ppl(tuned[f"{row}@{k}L"])) for k in (1, 2, 4, 5)) + " |")
     lines += ["", "Zero-shot on the L model in the same protocol (factor k at kL), perplexity:\n",
               "| row | L | 2L | 4L |", "| --- | ---: | ---: | ---: |"]
     for row in ("none", "pi", "ntk", "yarn", "crop"):
@@ -334,9 +367,8 @@ def plot(rungs, per_rung):
     fig, axes = plt.subplots(1, len(rungs), figsize=(6.5 * len(rungs), 4.5), squeeze=False)
     for ax, rung in zip(axes[0], rungs):
         results = per_rung[rung]
-        L = results[0]["L"]
         same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
-        for n, spec in enumerate(s for s in bojone_methods(L) if s != "none"):
+        for n, spec in enumerate(s for s in read_rows(results) if s != "none"):
             color = plt.cm.tab10(n % 10)
             ax.plot([1, 2, 4], [np.mean(same[f"{spec}@{k}L"]) for k in (1, 2, 4)], "o-", color=color, label=spec)
             ax.plot([1, 2, 4], [np.mean(swapped[f"{spec}@{k}L"]) for k in (1, 2, 4)], ":", color=color)
@@ -355,51 +387,59 @@ def metrics(per_rung):
     (protocols/<rung>/bojone/<row>/{minus_crop_2L,minus_crop_4L,distortion_4L,reads_past_L_4L}, the handicap), Su's
     accuracies and Press's and YaRN's readings."""
     out = {}
+    m = lambda d, k: float(np.mean(d[k]))  # noqa: E731
     for rung, results in per_rung.items():
+        for name in ("su", "press", "yarn_tuned", "yarn_zero_shot"):
+            if name in results[0]:
+                out.update({key("protocols", rung, name, row): m(seed_means(results, name), row)
+                            for row in seed_means(results, name)})
+        if "bojone" not in results[0]:
+            continue
         same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
-        m = lambda d, k: float(np.mean(d[k]))  # noqa: E731
         out[key("protocols", rung, "bojone", "handicap")] = m(same, "none@1L") - m(same, "crop")
-        for spec in bojone_methods(results[0]["L"]):
+        for spec in read_rows(results):
             for k in (2, 4):
                 out[key("protocols", rung, "bojone", spec, f"minus_crop_{k}L")] = m(same, f"{spec}@{k}L") - m(same, "crop")
             distortion = m(swapped, f"{spec}@4L") - m(swapped, "crop")
             out[key("protocols", rung, "bojone", spec, "distortion_4L")] = distortion
             out[key("protocols", rung, "bojone", spec, "reads_past_L_4L")] = m(same, f"{spec}@4L") - m(same, "crop") - distortion
-        for name in ("su", "press", "yarn_tuned", "yarn_zero_shot"):
-            out.update({key("protocols", rung, name, row): m(seed_means(results, name), row)
-                        for row in seed_means(results, name)})
     return out
 
 
 def main(argv):
     p = command_parser(__doc__, "out", "device", "wandb", out="out/protocols", wandb_log="true")
-    p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>")
+    p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>; or "
+                                             "run folders or model folders, each read alone")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     p.add_argument("--units", default="auto", help="units of 8L + 1 tokens (and documents for YaRN's) per seed: a number "
                                                    "or auto, 2,048 / L and at least 16 (default auto)")
-    p.add_argument("--docs", default="test", help="held-out documents: dev or test (default test)")
+    p.add_argument("--docs", default="test", help="held-out documents: dev, test, or all (a model nothing was "
+                                                  "chosen for on dev) (default test)")
+    p.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"which: {', '.join(PROTOCOLS)} (default all)")
     a = p.parse_args(argv)
-    if a.docs not in ("dev", "test"):
-        raise UserError(f"unknown --docs {a.docs!r}; allowed: dev, test")
-    rungs, seeds, units = [Path(r) for r in a.rungs], parse_number(a.seeds, "seeds", int, 1), None if a.units == "auto" else parse_number(a.units, "units", int, 2)
+    if a.docs not in ("dev", "test", "all"):
+        raise UserError(f"unknown --docs {a.docs!r}; allowed: dev, test, all")
+    chosen = [x for x in PROTOCOLS if x in parse_list(a.protocols, "protocols", str, PROTOCOLS)]
+    seeds = parse_number(a.seeds, "seeds", int, 1)
+    units = None if a.units == "auto" else parse_number(a.units, "units", int, 2)
     wandb_log, device = shared_values(a)["wandb_log"], shared_values(a)["device"]
-    for rung in rungs:
-        for k in range(seeds):
-            for run in (f"code_small_seed{k}", f"code_yarn4x_seed{k}"):
-                if not (rung / run / "ckpt.pt").is_file():
-                    raise UserError(f"{rung / run} has no ckpt.pt: train it first (docs/experiments.md, the regime ladder)")
+    runs = {Path(r).name: members(Path(r), seeds) for r in a.rungs}
+    if len(runs) < len(a.rungs):
+        raise UserError(f"two rungs share a folder name in {' '.join(a.rungs)}: the page names rungs by it")
     out = claim_output(a.out, "shapes")
-    per_rung = {r.name: [evaluate_seed(r, k, a.docs, units, device) for k in range(seeds)] for r in rungs}
+    per_rung = {name: [evaluate_seed(small, tuned, a.docs, units, chosen, device) for small, tuned in pairs]
+                for name, pairs in runs.items()}
     command = shlex.join(["python", "lab/protocols.py", *a.rungs, f"--seeds={seeds}", f"--units={a.units}",
-                          f"--docs={a.docs}", f"--out={a.out}"])
+                          f"--docs={a.docs}", f"--protocols={','.join(chosen)}", f"--out={a.out}"])
     md = page(per_rung, seeds, a.docs, command)
-    write_all(out, {"shapes.md": md, "shapes.png": plot(list(per_rung), per_rung),
+    drawn = [rung for rung, results in per_rung.items() if "bojone" in results[0]]
+    write_all(out, {"shapes.md": md, **({"shapes.png": plot(drawn, per_rung)} if drawn else {}),
                     "shapes.json": json_text(dict(command=command, rungs=per_rung), indent=None) + "\n"})
     print(md + f"-> {out}/shapes.{{md,json,png}}")
     if wandb_log:
         import wandb
         log_results(out, dict(wandb_group=out.name, rungs=list(per_rung), docs=a.docs), metrics(per_rung),
-                    job_type="protocols", media={"protocols/plot": wandb.Image(str(out / "shapes.png"))})
+                    job_type="protocols", media={"protocols/plot": wandb.Image(str(out / "shapes.png"))} if drawn else None)
 
 
 def page(per_rung, seeds, docs, command):
@@ -411,36 +451,41 @@ def page(per_rung, seeds, docs, command):
              "exactly its last L tokens) beside both.\n", "## Scoreboard\n",
              "| source | shape | rung | holds on the testbed |", "| --- | --- | --- | --- |"]
     for rung, results in per_rung.items():
-        shapes = [("bojone/rerope", *kv) for kv in holds_bojone(results, results[0]["L"]).items()]
+        shapes = [("bojone/rerope", *kv) for kv in holds_bojone(results, results[0]["L"]).items()] if "bojone" in results[0] else []
         shapes += [(source, shape, ok) for (source, shape), ok in other_holds(results).items()]
         lines += [f"| {source} | {shape} | {rung} | {'yes' if ok else 'no'} |" for source, shape, ok in shapes]
     for rung, results in per_rung.items():
-        lines += ["", f"## Rung {rung} (L = {results[0]['L']}; {results[0]['units']} units, {results[0]['documents']} "
-                      "documents for YaRN's protocol)\n"]
-        lines += bojone_section(rung, results, results[0]["L"]) + [""]
-        lines += yarn_section(rung, results) + [""] + press_su_section(rung, results) + [""]
-        lines += grid_section(rung, results, docs)
+        first = results[0]
+        lines += ["", f"## {rung} (L = {first['L']}; {first['units']} units"
+                  + (f", {first['documents']} documents for YaRN's protocol" if "documents" in first else "") + ")\n"]
+        for part, section in (("bojone", lambda: bojone_section(rung, results, first["L"])),
+                             ("yarn_zero_shot", lambda: yarn_section(rung, results)),
+                             ("press", lambda: press_su_section(rung, results)),
+                             ("grid", lambda: grid_section(rung, results, docs))):
+            lines += section() + [""] if part in first else []
     return "\n".join(lines) + "\n"
 
 
 def other_holds(results):
-    """YaRN's, Press's and Su's published shapes on the testbed's means."""
-    L = results[0]["L"]
-    tuned, press, su = (seed_means(results, k) for k in ("yarn_tuned", "press", "su"))
-    m = lambda d, k: float(np.mean(d[k]))  # noqa: E731
+    """YaRN's, Press's and Su's published shapes on the testbed's means, for the protocols that were read."""
+    L, first = results[0]["L"], results[0]
+    m = lambda name, k: float(np.mean(seed_means(results, name)[k]))  # noqa: E731
     r, rl = f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"
-    return {("jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"):
-            m(tuned, "none@4L") < m(tuned, "none@1L") and m(tuned, "none@5L") > m(tuned, "none@4L"),
-            ("Press et al. 2022", "RoPE as trained: whole windows of 2L above L"): m(press, "none@2L") > m(press, "none@1L"),
-            ("Su 2023", "accuracy at 8L, text: baseline < NTK-logn-mixed < ReRoPE <= ReRoPE+log-n"):
-            m(su, "none@8L/text") < m(su, "ntk-mixed+logn@8L/text") < m(su, f"{r}@8L/text") <= m(su, f"{rl}@8L/text"),
-            ("Su 2023", "accuracy at 8L, repeated text: the same order"):
-            m(su, "none@8L/repeated") < m(su, "ntk-mixed+logn@8L/repeated") < m(su, f"{r}@8L/repeated")
-            <= m(su, f"{rl}@8L/repeated"),
-            ("Su 2023", "ReRoPE+log-n at 8L within 1 point of the accuracy at L"):
-            m(su, f"{rl}@8L/text") > m(su, "none@1L") - 0.01,
-            ("Su 2023", "repeated text read far better than text at 8L by ReRoPE+log-n (copying from 4L back)"):
-            m(su, f"{rl}@8L/repeated") > m(su, f"{rl}@8L/text") + 0.05}
+    out = {}
+    if "yarn_tuned" in first:
+        out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = (
+            m("yarn_tuned", "none@4L") < m("yarn_tuned", "none@1L") and m("yarn_tuned", "none@5L") > m("yarn_tuned", "none@4L"))
+    if "press" in first:
+        out["Press et al. 2022", "RoPE as trained: whole windows of 2L above L"] = m("press", "none@2L") > m("press", "none@1L")
+        for text in ("text", "repeated"):
+            order = [m("su", f"{row}@8L/{text}") for row in ("none", "ntk-mixed+logn", r, rl)]
+            out["Su 2023", f"accuracy at 8L, {text}: baseline < NTK-logn-mixed < ReRoPE <= ReRoPE+log-n"] = (
+                order[0] < order[1] < order[2] <= order[3])
+        out["Su 2023", "ReRoPE+log-n at 8L within 1 point of the accuracy at L"] = (
+            m("su", f"{rl}@8L/text") > m("su", "none@1L") - 0.01)
+        out["Su 2023", "repeated text read far better than text at 8L by ReRoPE+log-n (copying from 4L back)"] = (
+            m("su", f"{rl}@8L/repeated") > m("su", f"{rl}@8L/text") + 0.05)
+    return out
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 # (2,048 for Pythia) on the same held-out text, prepared once with the models' shared tokenizer. Two readings:
 # eval/extrapolate.py (windows from position 0, exact crop strided by L/8), and lab/context.py --targets L,
 # which is bojone's protocol (the final L tokens of each window scored in one forward of 1x, 2x or 4x L) with
-# exact crop on the same targets. Then one comparison across the models.
+# exact crop on the same targets. Then one comparison across the models, and lab/protocols.py's decomposition of
+# bojone's protocol (the swapped prefix).
 #   bash lab/pythia.sh TEXT OUT MODEL_DIR...     (TEXT: a folder of .txt, or a .jsonl / .parquet file)
 # Environment: METHODS (default below), UNITS (context.py's windows, default 32), TOKENS (extrapolate.py's
-# scored tokens per length, default 8 L).
+# scored tokens per length, default 8 L), VAL_FRACTION (the held-out share of the documents, default 0.1), DOCS
+# (the held-out half lab/protocols.py reads: test, or all; default test).
 set -euo pipefail
 usage="usage: bash lab/pythia.sh TEXT OUT MODEL_DIR..."
 text=${1:?$usage}; out=${2:?$usage}; shift 2
@@ -14,7 +16,8 @@ text=${1:?$usage}; out=${2:?$usage}; shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)  # the scripts run from any folder; paths stay the caller's
 methods=${METHODS:-none,crop,pi,ntk,yarn,llama3,self-extend,rerope}
 for model in "$@"; do  # the first prepares the text; the others share its tokenizer and only record it
-  python "$root/data/text/prepare.py" "$text" --out_dir "$out/heldout" --tokenizer "$model"
+  python "$root/data/text/prepare.py" "$text" --out_dir "$out/heldout" --tokenizer "$model" \
+      --val_fraction "${VAL_FRACTION:-0.1}"
 done
 dirs=()
 for model in "$@"; do
@@ -30,3 +33,7 @@ for model in "$@"; do
   echo "pythia.sh: $name read in $((SECONDS - start)) s"
 done
 python "$root/eval/compare.py" "${dirs[@]}" --out "$out/compare"
+# bojone's protocol with exact crop beside, decomposed: the handicap, each method minus crop at 2L and 4L, the
+# swapped prefix's distortion and what each reads past L (lab/protocols.py; docs/methodology.md)
+python "$root/lab/protocols.py" "$@" --protocols bojone --docs "${DOCS:-test}" --units "${UNITS:-32}" --out "$out/protocols" \
+    --no-wandb

@@ -237,7 +237,7 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
     import os
     import subprocess
     hf_model(tmp_path / "pythia-b", "gpt_neox", max_position_embeddings=16, hidden_size=32)  # a second rung
-    env = dict(os.environ, METHODS="none,crop,yarn,rerope", UNITS="2", TOKENS="64")
+    env = dict(os.environ, METHODS="none,crop,yarn,rerope", UNITS="2", TOKENS="64", VAL_FRACTION="0.5", DOCS="all")
     proc = subprocess.run(["bash", str(ROOT / "lab" / "pythia.sh"), str(pythia.parent / "texts"),
                            str(tmp_path / "out"), str(pythia), str(tmp_path / "pythia-b")],
                           capture_output=True, text=True, env=env)
@@ -248,5 +248,7 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
         assert {"crop", "rerope"} <= {r["method"] for r in context["results"]}
         assert (tmp_path / "out" / rung / "extrapolation.json").is_file()
     assert (tmp_path / "out" / "compare" / "compare.md").is_file()
+    page = (tmp_path / "out" / "protocols" / "shapes.md").read_text()
+    assert "| pythia-b |" in page and "distortion (swapped, 4L)" in page
     recorded = json.loads((tmp_path / "pythia-b" / "ropelab.json").read_text())
     assert recorded == {"dataset": str((tmp_path / "out" / "heldout").resolve())}

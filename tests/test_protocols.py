@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 import train
+from common import UserError
 from eval.score import score_cropped
 from lab import protocols
 from model import GPT, GPTConfig
@@ -105,3 +106,14 @@ def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, t
     assert su["rerope:window=8@8L/repeated"] == pytest.approx(su["crop@8L/repeated"])
     for row, values in result["press"].items():
         assert np.mean(values) == pytest.approx(np.mean(result["press"]["crop"]), abs=1e-5), row
+
+
+def test_one_run_alone_reads_the_protocols_asked_for(rung, tmp_path):
+    run = rung / "code_small_seed0"
+    protocols.main([str(run), "--protocols", "bojone", "--units", "6", "--no-wandb", "--out", str(tmp_path / "one")])
+    result = json.loads((run / "protocols_test.json").read_text())
+    assert set(result) == {"ids", "L", "units", "bojone"} and result["ids"]["protocols"] == ["bojone"]
+    page = (tmp_path / "one" / "shapes.md").read_text()
+    assert "bojone/rerope's protocol" in page and "YaRN's protocol" not in page
+    with pytest.raises(UserError, match="holds no checkpoint or model weights"):
+        protocols.main([str(tmp_path), "--no-wandb", "--out", str(tmp_path / "none")])
