@@ -14,6 +14,7 @@ DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
 VOCAB_SIZE = 2048  # GPT-2 BPE's first 2047 merges + EOT: the output layer dominates a small model on a CPU (README)
 SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's; else shakespeare_v<N>
 VERIFY_ONCE_BYTES = 1 << 30  # a file larger than this is hashed once, then trusted while its size and mtime stay
+UINT16_IDS = 1 << 16  # a vocabulary of up to this many ids is stored as uint16, else as uint32 (Llama 3)
 
 
 def file_sha256(path):
@@ -53,6 +54,30 @@ def prepare_command(data_dir):
     return f"python data/{corpus}/prepare.py{options}"
 
 
+def dtype_for(vocab_size):
+    """The token dtype of a corpus of vocab_size ids: the narrowest that holds them, uint16 or uint32."""
+    return "uint16" if vocab_size <= UINT16_IDS else "uint32"
+
+
+def token_dtype(meta):
+    """The numpy dtype of a corpus's train.bin and val.bin: meta.json's "dtype", uint16 where it has none."""
+    return np.dtype(meta.get("dtype", "uint16"))
+
+
+def check_ids(meta, where, fix):
+    """A one-line error unless meta's vocab_size, eot_token and dtype fit together."""
+    vocab, eot, dtype = meta.get("vocab_size"), meta.get("eot_token"), meta.get("dtype", "uint16")
+    # GPT-2's EOT id is the largest id written; a pretrained model's tokenizer puts its own anywhere
+    gpt2 = meta.get("tokenizer", "gpt2") == "gpt2"
+    ids = not isinstance(vocab, bool) and isinstance(vocab, int) and isinstance(eot, int) and 0 <= eot < vocab
+    if not ids or gpt2 and eot != vocab - 1:
+        raise UserError(f"{where} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
+                        f"is an id below it, vocab_size - 1 with GPT-2's BPE); {fix}")
+    if dtype not in ("uint16", "uint32") or np.iinfo(dtype).max < vocab - 1:
+        raise UserError(f"{where} is damaged: dtype {dtype!r} does not hold vocab_size {vocab:,}'s ids "
+                        f"(uint16 up to {UINT16_IDS:,} ids, else uint32); {fix}")
+
+
 def load_meta(data_dir, verify=True):
     """meta.json, and (verify) every data file checked against its size and sha256 (once, if over VERIFY_ONCE_BYTES)."""
     folder, fix = Path(data_dir), f"re-prepare it: {prepare_command(data_dir)}"
@@ -63,13 +88,7 @@ def load_meta(data_dir, verify=True):
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
         raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
-    vocab, eot = meta.get("vocab_size"), meta.get("eot_token")
-    # GPT-2's EOT id is the largest id written; a pretrained model's tokenizer puts its own anywhere
-    gpt2 = meta.get("tokenizer", "gpt2") == "gpt2"
-    ids = not isinstance(vocab, bool) and isinstance(vocab, int) and isinstance(eot, int) and 0 <= eot < vocab
-    if not ids or gpt2 and eot != vocab - 1:
-        raise UserError(f"{folder / 'meta.json'} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
-                        f"is an id below it, vocab_size - 1 with GPT-2's BPE); {fix}")
+    check_ids(meta, folder / "meta.json", fix)
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
         stamps = dict(json.loads(stamp.read_text()))
@@ -89,11 +108,12 @@ def load_meta(data_dir, verify=True):
 
 
 def load_split(data_dir, split):
-    """(uint16 memmap of the split's tokens, int64 (n_docs, 2) document bounds), after a size check (load_meta verifies)."""
+    """(memmap of the split's tokens in meta.json's dtype, int64 (n_docs, 2) document bounds), after a size
+    check (load_meta verifies)."""
     if split not in SPLITS:
         raise UserError(f"split={split!r} is not allowed; use one of {SPLITS}")
-    load_meta(data_dir, verify=False)
-    return np.memmap(Path(data_dir) / f"{split}.bin", dtype=np.uint16, mode="r"), np.load(Path(data_dir) / f"{split}_docs.npy")
+    dtype, folder = token_dtype(load_meta(data_dir, verify=False)), Path(data_dir)
+    return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), np.load(folder / f"{split}_docs.npy")
 
 
 def held_out(docs, which):

@@ -40,7 +40,6 @@ def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:
 
 # ------------------------------------------------------------------ a pretrained model's own tokenizer
 
-UINT16_IDS = 1 << 16  # prepared corpora store token ids as uint16
 DATA_FILE = "ropelab.json"  # in a model folder, {"dataset": NAME}: the held-out text its commands read
 
 
@@ -80,10 +79,6 @@ class ModelTokenizer:
             raise UserError(f"{model_dir}/tokenizer.json is damaged ({str(e)[:80]})") from None
         self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
         self.eot_token = end_of_text(model_dir, self.tok)
-        if self.n_vocab > UINT16_IDS:
-            raise UserError(f"{model_dir}'s tokenizer has {self.n_vocab:,} ids; prepared corpora store "
-                            f"ids as uint16, at most {UINT16_IDS:,} (Pythia, Llama 2 and Mistral fit; Llama 3 "
-                            "and Qwen2 do not yet)")
 
     def encode_ordinary(self, text):
         return self.tok.encode(text, add_special_tokens=False).ids

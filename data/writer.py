@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common import UserError, atomic, claim_output, release_outputs, write_atomic
-from data.dataset import DATA_FILES, SPLITS, file_sha256
+from data.dataset import DATA_FILES, SPLITS, dtype_for, file_sha256
 from data.tokenizer import gpt2_tokenizer
 
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
@@ -38,10 +38,10 @@ def val_by_hash(key, val_fraction, seed=0):
     return int.from_bytes(digest, "little") < val_fraction * 2**64
 
 
-def _tokenized(enc, docs, workers):
+def _tokenized(enc, docs, workers, dtype):
     """[(split, name, tokens)] chunks in input order, from `workers` threads (tiktoken releases the GIL: no pickling)."""
     def tokenize(chunk):  # encode_ordinary: a literal "<|endoftext|>" in the text is just text
-        return [(split, name, np.asarray(enc.encode_ordinary(text), dtype=np.uint16)) for split, name, text in chunk]
+        return [(split, name, np.asarray(enc.encode_ordinary(text), dtype)) for split, name, text in chunk]
 
     with ThreadPoolExecutor(workers) as pool:
         pending, chunk, size = deque(), [], 0
@@ -63,10 +63,10 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
                     keep_names=False, tokenizer=None):
     """Tokenize a stream of (split, name, text) documents into out_dir, every file atomically (docs/reference.md,
     "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named
-    files. tokenizer: a pretrained model's (data.tokenizer.ModelTokenizer, its ids checked to fit in
-    uint16), else GPT-2's BPE cut to vocab_size."""
-    enc = tokenizer or gpt2_tokenizer(vocab_size)  # ids < 50257 fit in uint16
-    eot = np.array([enc.eot_token], dtype=np.uint16).tobytes()
+    files. tokenizer: a pretrained model's (data.tokenizer.ModelTokenizer), else GPT-2's BPE cut to
+    vocab_size. Tokens are uint16 up to 65,536 ids (GPT-2's BPE always), else uint32 (dataset.dtype_for)."""
+    enc, dtype = tokenizer or gpt2_tokenizer(vocab_size), dtype_for(vocab_size)
+    eot = np.array([enc.eot_token], dtype=dtype).tobytes()
     out_dir = Path(out_dir)
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
         with ExitStack() as stack, tqdm(desc="tokenizing", unit="tok", unit_scale=True, disable=None) as bar:
             out = {name: stack.enter_context(atomic(out_dir / name)) for name in DATA_FILES}  # no bar if not a TTY
             start = time.time()
-            for chunk in _tokenized(enc, docs, workers):
+            for chunk in _tokenized(enc, docs, workers, dtype):
                 for split, name, ids in chunk:
                     data, st = ids.tobytes() + eot, stats[split]
                     out[f"{split}.bin"].write(data)
@@ -93,7 +93,8 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
                                 f"use more documents or a val_fraction (now {val_fraction}) nearer 0.5")
             files = {}
             for s in SPLITS:
-                files[f"{s}.bin"] = {"bytes": 2 * stats[s]["tokens"], "sha256": stats[s]["sha256"].hexdigest()}
+                size = np.dtype(dtype).itemsize * stats[s]["tokens"]
+                files[f"{s}.bin"] = {"bytes": size, "sha256": stats[s]["sha256"].hexdigest()}
                 bounds = io.BytesIO()
                 np.save(bounds, np.frombuffer(stats[s]["bounds"], dtype=np.int64).reshape(-1, 2))
                 out[f"{s}_docs.npy"].write(bounds.getvalue())
@@ -109,9 +110,11 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
         print(f"{s}: {n_docs[s]:,} documents, {stats[s]['tokens']:,} tokens -> {out_dir / f'{s}.bin'}")
     total = sum(st["tokens"] for st in stats.values())
     print(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s, workers={workers})")
+    # no "dtype" reads as uint16 (dataset.token_dtype): a uint16 corpus gets the same meta.json as ever
+    wide = {} if dtype == "uint16" else {"dtype": dtype}
     meta = dict(tokenizer=getattr(enc, "identity", "gpt2"),  # a model's: its tokenizer.json's sha256
                 vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
-                files=files, val_fraction=val_fraction, seed=seed)
+                files=files, val_fraction=val_fraction, seed=seed, **wide)
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
     release_outputs(out_dir)
     return meta

@@ -104,6 +104,21 @@ def test_text_prepare_writes_files_with_disjoint_splits_covering_all_docs(prepar
     assert is_prepared(prepared, vocab_size=VOCAB) and not is_prepared(prepared, vocab_size=VOCAB + 1)
 
 
+# the corpus above's files, pinned: a vocabulary within uint16 keeps these bytes whatever wider ones need
+UINT16_SHA256 = {
+    "train.bin": "eaa31b83417ccbe41458fea73c41b626f5049ce4d9c090b1eef0da2c84fccd87",
+    "train_docs.npy": "ca526869933d00fdc5bdce2c98c483dd1045cd4616e57d67422b3a34d3c79709",
+    "val.bin": "49c3fb4e113408dc683de26461eec72a78ee1ab1be4e01be6f438ed50a2ff80e",
+    "val_docs.npy": "b11cc13ecabdea743344c47f38e5baeacd327578bd5067e5275dc2337dbd9e3a",
+}
+
+
+def test_a_vocabulary_within_uint16_is_stored_byte_identically_with_no_dtype_key(prepared):
+    meta = load_meta(prepared)
+    assert "dtype" not in meta and {name: f["sha256"] for name, f in meta["files"].items()} == UINT16_SHA256
+    assert meta["files"]["train.bin"]["bytes"] == 2 * meta["splits"]["train"]["tokens"]
+
+
 def test_doc_bounds_slice_out_each_document_followed_by_eot(prepared):
     meta, enc = load_meta(prepared), gpt2_tokenizer(VOCAB)
     for split in ("train", "val"):

@@ -5,6 +5,7 @@ transformers from a config, with random weights and a tokenizer trained here: no
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -12,6 +13,7 @@ from torch.nn import functional as F
 transformers = pytest.importorskip("transformers")
 
 from common import UserError
+from data.dataset import get_rows
 from runtime import load_checkpoint, load_run, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,3 +254,74 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
     assert "| pythia-b |" in page and "distortion (swapped, 4L)" in page
     recorded = json.loads((tmp_path / "pythia-b" / "ropelab.json").read_text())
     assert recorded == {"dataset": str((tmp_path / "out" / "heldout").resolve())}
+
+
+# ----------------------------------------------------------------------------- a vocabulary past uint16
+
+WIDE_VOCAB = 70_000  # past uint16's 65,536 ids, as Llama 3's 128k and Qwen2's 152k
+
+
+def save_wide_tokenizer(folder, words):
+    """A word-level tokenizer.json of WIDE_VOCAB ids, the words at its top ids (all above 65,535)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    top = sorted(set(words))
+    pads = [f"<pad_{i}>" for i in range(WIDE_VOCAB - 3 - len(top))]
+    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", *pads, *top])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny random Llama of WIDE_VOCAB ids, with held-out text prepared by its tokenizer (2 of 8 docs)."""
+    from data.text.prepare import prepare
+    root, size = tmp_path_factory.mktemp("wide"), dict(vocab_size=WIDE_VOCAB, max_position_embeddings=16)
+    hf_model(root / "model", "llama", tie_word_embeddings=True, **size)
+    words = (ROOT / "README.md").read_text().split()[:3200]
+    save_wide_tokenizer(root / "model", words)
+    (root / "texts").mkdir()
+    for i in range(8):
+        (root / "texts" / f"doc{i}.txt").write_text(" ".join(words[i * 400:(i + 1) * 400]))
+    prepare(root / "texts", out_dir=root / "data", val_fraction=0.25, tokenizer=root / "model", workers=1)
+    return root
+
+
+def test_a_tokenizer_past_65536_ids_is_stored_as_uint32_and_its_ids_round_trip(wide):
+    from tokenizers import Tokenizer
+    from data.dataset import load_meta, load_split
+    meta, tok = load_meta(wide / "data"), Tokenizer.from_file(str(wide / "model" / "tokenizer.json"))
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == WIDE_VOCAB and meta["eot_token"] == 2
+    for split in ("train", "val"):
+        tokens, docs = load_split(wide / "data", split)
+        assert tokens.dtype == np.uint32 and meta["files"][f"{split}.bin"]["bytes"] == 4 * len(tokens)
+        for name, (start, end) in zip(meta["splits"][split]["names"], docs):
+            ids = tok.encode((wide / "texts" / name).read_text(), add_special_tokens=False).ids
+            assert tokens[start:end].tolist() == ids and tokens[end] == 2
+        assert tokens.max() > 65_535 and get_rows(tokens, 4, 16, np.random.default_rng(0)).max() > 65_535
+
+
+def test_a_uint32_corpus_is_read_by_evaluation_and_training(wide, tmp_path):
+    import train
+    from eval import extrapolate
+    extrapolate.main([str(wide / "model"), "--lengths", "1,2", "--methods", "none,crop,yarn",
+                      "--tokens", "64", "--out", str(tmp_path / "x"), "--no-wandb", "--device", "cpu"])
+    report = json.loads((tmp_path / "x" / "extrapolation.json").read_text())
+    assert {r["method"] for r in report["results"] if r["available"] and r["ppl"]} == {"none", "crop", "yarn"}
+    tiny = dict(dataset=wide / "data", out_dir=tmp_path / "run", batch_size=2, block_size=16, n_layer=1,
+                n_head=2, n_embd=16, max_iters=2, lr_decay_iters=2, warmup_iters=1, eval_interval=2,
+                eval_iters=1, wandb_log=False, device="cpu")
+    train.main([f"--{k}={v}" for k, v in tiny.items()])
+    assert (tmp_path / "run" / "ckpt.pt").is_file()
+
+
+def test_a_dtype_that_cannot_hold_the_vocabulary_is_one_line(wide, tmp_path):
+    import shutil
+    from data.dataset import load_meta
+    shutil.copytree(wide / "data", tmp_path / "data")
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    for dtype in ("uint16", "int8"):
+        (tmp_path / "data" / "meta.json").write_text(json.dumps({**meta, "dtype": dtype}))
+        with pytest.raises(UserError, match=f"dtype '{dtype}' does not hold vocab_size 70,000's ids"):
+            load_meta(tmp_path / "data")

@@ -108,7 +108,7 @@ def test_a_large_file_is_hashed_once_until_it_changes(copy, monkeypatch):
 
 
 def test_block_size_longer_than_a_split_is_an_error_at_start(dataset, tmp_path):
-    n_val = len(np.memmap(f"{dataset}/val.bin", dtype=np.uint16))
+    n_val = len(dataset_module.load_split(dataset, "val")[0])
     one_line(run_main(args(dataset, tmp_path / "out", block_size=n_val)), f"block_size={n_val}",
              f"does not fit in the val split of {dataset} ({n_val} tokens", f"use block_size <= {n_val - 1}")
 
