@@ -54,7 +54,8 @@ def parse_args(argv):
                 distances=parse_list(a.distances, "distances", float), lengths=parse_list(a.lengths, "lengths", float),
                 depths=parse_list(a.depths, "depths", float), trials=parse_number(a.trials, "trials", int, 2),
                 segment=parse_number(a.segment, "segment", int, 2),
-                pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source)
+                pair_factors=parse_pairs(a.pair_factors), copy_source=a.copy_source,
+                defaults={k for k in ("distances", "lengths") if getattr(a, k) == p.get_default(k)})
     if (a.pair_factors is None) == ("pairs" in args["methods"]):  # given where it applies, and only there
         raise UserError("--methods pairs needs --pair_factors" if a.pair_factors is None else
                         f"--pair_factors applies to the method pairs only, which --methods {a.methods} "
@@ -73,6 +74,9 @@ def once(args, option, shortest, used):
     """--option's multiples are distinct cells in tokens (a copy is at least a segment away: copy_trials,
     mqar_probe), else one line: a cell scored twice would count twice in a study."""
     tokens = [max(shortest, round(m * args["train_len"])) for m in args[option]]
+    if option in args.get("defaults", ()):  # the default list at a short L: its repeats are dropped, not refused
+        args[option] = [m for i, (m, t) in enumerate(zip(args[option], tokens)) if t not in tokens[:i]]
+        return
     if used and len(set(tokens)) < len(tokens):
         T = next(t for t in tokens if tokens.count(t) > 1)
         same = [f"{m:g}" for m, t in zip(args[option], tokens) if t == T]

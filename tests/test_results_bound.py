@@ -128,6 +128,11 @@ def test_probe_distances_that_a_segment_makes_one_cell_are_refused(dataset, tmp_
     one_line(error("probes.py", probes.main, [*argv, "--pair_factors", "2"]), "--pair_factors applies to")
     one_line(error("probes.py", probes.main, [*argv[:-2], "none,pairs", "--check"]), "needs --pair_factors")
     assert not (run / "probes.json").exists()
+    # the default distances at a short L: the repeats the segment makes are dropped, not refused
+    probes.main([str(run), "--probes", "copy", "--trials", "2", "--methods", "none", "--segment", "64", "--no-wandb"])
+    report = json.loads((run / "probes.json").read_text())
+    distances = [r["distance"] for r in report["results"] if r["probe"] == "copy" and r["method"] == "none"]
+    assert distances and len(distances) == len(set(distances)) and min(distances) == 64
 
 
 def test_a_study_refuses_eval_args_that_would_read_another_report(tmp_path):
