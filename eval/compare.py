@@ -2,9 +2,7 @@
 `python eval/compare.py RUN_DIR... [--out out/compare] [--metric diff_crop|ppl_beyond_train|ppl] [--protocol windows|sliding]`
 writes compare.md and compare.png into --out. The default, diff_crop: the loss minus crop's past the training length L."""
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import fmt, label, line_style, load_report, plain_log_labels, png, pyplot, signed, write_all
 from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values

@@ -1,7 +1,6 @@
 """Loss by token position at and past the training length, with RoPE scaling applied at inference; writes
 extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs: docs/reference.md."""
 import sys
-from pathlib import Path
 
 import math
 import time
@@ -9,7 +8,6 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import held_out, in_tokens, load_split
 from eval.report import (BEST_N, CARD, PLOT_BINS, WEIGHTS, extrapolation_plot, extrapolation_table, json_csv,

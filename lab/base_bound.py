@@ -8,7 +8,6 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import png, pyplot, write_all
 from lab.bound import base_bound_curve, first_negative, trained_freq

@@ -21,7 +21,6 @@ import math
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import doc_windows, held_out, in_tokens, load_split
 from eval import methods

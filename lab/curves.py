@@ -5,7 +5,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import png, pyplot, write_all
 from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values

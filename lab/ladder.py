@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import load_report, png, pyplot, write_all
 from lab.stats import LEVEL

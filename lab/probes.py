@@ -1,7 +1,6 @@
 """Does the model use the longer context? Retrieval probes and the rotation per scaling method; writes probes.{json,csv}
 and probe_<name>.png once all is computed. Options and outputs: docs/reference.md; why: docs/methodology.md."""
 import sys
-from pathlib import Path
 
 import math
 import time
@@ -11,7 +10,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from data.dataset import doc_windows, in_tokens, load_split
 from data.synthetic import mqar_rows, random_vocab

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from common import (UserError, claim_output, command_parser, json_text, parse_list, parse_number, run_cli,
                     shared_values,
@@ -267,7 +266,7 @@ SU_WINDOW = ("window attention, trained", 48.15, 80.84)
 def bojone_section(rung, results, L):
     same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
     crop, crop_swap = same["crop"], swapped["crop"]
-    diff = lambda a, b: [x - y for x, y in zip(a, b)]  # noqa: E731  (per seed)
+    diff = lambda a, b: [x - y for x, y in zip(a, b)]  # per seed
     handicap = diff(same["none@1L"], crop)
     lines = [f"### bojone/rerope's protocol, rung {rung}\n",
              f"Exact crop on the final L targets: {cell(crop)}; the whole-window reading at L (RoPE as trained, its targets "
@@ -306,7 +305,7 @@ def holds_bojone(results, L):
 
 def yarn_section(rung, results):
     zero = seed_means(results, "yarn_zero_shot")
-    ppl = lambda v: [math.exp(x) for x in v]  # noqa: E731
+    ppl = lambda v: [math.exp(x) for x in v]
     lines = [f"### YaRN's protocol (documents truncated, one window from 0), rung {rung}\n",
              "Perplexity; F, the fine-tuned length (published 8k, testbed 4L); the testbed's documents are those of at "
              "least 5L + 1 tokens, each cut at its start.\n",
@@ -326,7 +325,7 @@ def yarn_section(rung, results):
 
 def press_su_section(rung, results):
     press, su = seed_means(results, "press"), seed_means(results, "su")
-    ppl = lambda v: [math.exp(x) for x in v]  # noqa: E731
+    ppl = lambda v: [math.exp(x) for x in v]
     lines = [f"### Press et al.'s protocol (non-overlapping windows of kL, every target), rung {rung}\n",
              f"Published (Table 2, {PRESS[0]}): {PRESS[1]} at L, {PRESS[2]} at about 2L (x{PRESS[2] / PRESS[1]:.3f}). "
              "Testbed, perplexity over the same 8L targets of each unit:\n",
@@ -387,7 +386,7 @@ def metrics(per_rung):
     (protocols/<rung>/bojone/<row>/{minus_crop_2L,minus_crop_4L,distortion_4L,reads_past_L_4L}, the handicap), Su's
     accuracies and Press's and YaRN's readings."""
     out = {}
-    m = lambda d, k: float(np.mean(d[k]))  # noqa: E731
+    m = lambda d, k: float(np.mean(d[k]))
     for rung, results in per_rung.items():
         for name in ("su", "press", "yarn_tuned", "yarn_zero_shot"):
             if name in results[0]:
@@ -469,7 +468,7 @@ def page(per_rung, seeds, docs, command):
 def other_holds(results):
     """YaRN's, Press's and Su's published shapes on the testbed's means, for the protocols that were read."""
     L, first = results[0]["L"], results[0]
-    m = lambda name, k: float(np.mean(seed_means(results, name)[k]))  # noqa: E731
+    m = lambda name, k: float(np.mean(seed_means(results, name)[k]))
     r, rl = f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"
     out = {}
     if "yarn_tuned" in first:

@@ -6,16 +6,13 @@ shape with random weights (the cost does not depend on the weights), or on a mod
 
 Peak memory is what the method adds to the loaded model: on the CPU a forked process's peak resident memory
 (VmHWM) above its start, on CUDA the allocator's peak above the memory in use before."""
-import os
 import sys
 import time
 from multiprocessing import get_context
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from common import command_parser, parse_list, pick_device, run_cli
 from eval.methods import METHODS, forward_args, split_method

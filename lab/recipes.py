@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, weights_id,
                     write_atomic)

