@@ -67,12 +67,24 @@ def cells(recipe, last):
                      if last else [])
 
 
+def read_scores(path):
+    """The scores kept in path: {} where there are none or the file is not ours (scored again, then replaced)."""
+    try:
+        done = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    ours = isinstance(done, dict) and all(isinstance(v, dict) for v in done.values())
+    if not ours:
+        print(f"recipes: {path} is not a scores file; scoring again")
+    return done if ours else {}
+
+
 def score(run_dir, wanted):
     """{"method@x": {"past_L": per-unit mean NLL past L, "past_run": past the run's own length or None, "docs": each
     unit's document}} for the wanted cells, kept in run_dir/recipes_test.json and reused while TOKENS is the same
     (crop exact: stride 1)."""
     path, weights = run_dir / f"recipes_{DOCS}.json", weights_id(run_dir)  # before the load: the weights read
-    done = json.loads(path.read_text()) if path.is_file() else {}
+    done = read_scores(path)
     todo = [(m, x) for m, x in wanted if done.get(f"{m}@{x}", {}).get("tokens") != TOKENS
             or done[f"{m}@{x}"].get(WEIGHTS) != weights]  # another checkpoint in that folder now
     if todo:

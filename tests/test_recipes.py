@@ -73,3 +73,13 @@ def test_a_missing_fine_tune_names_the_command_that_trains_it(folder, tmp_path):
     with pytest.raises(UserError) as e:
         recipes.main([str(folder), "--seeds", "3", "--out", str(tmp_path)])
     assert "plain_seed2 has no fine-tune" in str(e.value) and "lab/configs/code_recipe.py" in str(e.value)
+
+
+def test_a_scores_file_that_is_not_ours_is_scored_again(tmp_path):
+    path = tmp_path / "recipes_test.json"
+    for text in ("not json {", "[1, 2]", '{"pi@2": 3}'):
+        path.write_text(text)
+        assert recipes.read_scores(path) == {}
+    path.write_text('{"pi@2": {"tokens": 64}}')
+    assert recipes.read_scores(path) == {"pi@2": {"tokens": 64}}
+    assert recipes.read_scores(tmp_path / "none.json") == {}

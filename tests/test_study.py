@@ -323,10 +323,13 @@ def test_a_study_reuses_only_runs_trained_as_it_would_train_them(dataset, tmp_pa
         assert differs in message and str(run) in message and "another --out" in message
     capsys.readouterr()
     assert (run / "ckpt.pt").read_bytes() == before
-    # a run replaced in its folder (train.py --overwrite=True) by the same weights (training is deterministic)
-    # keeps its report; by other weights, it is evaluated again: its old report is not its own
+    # a run replaced in its folder (train.py --overwrite=True) goes whole, its evaluations with it: evaluated again;
+    # then the same weights keep their report, and other weights in the same folder are evaluated again
     subprocess.run([sys.executable, str(ROOT / "train.py"), str(cfg), f"--out_dir={run}", "--seed=0", "--overwrite=True",
                     "--wandb_group=s", "--wandb_run_name=tiny_rope_seed0"], check=True, capture_output=True)
+    assert not (run / "extrapolation.json").exists() and (run / "ckpt.pt").read_bytes() == before
+    study.main(argv)
+    assert "study: evaluate tiny_rope_seed0" in capsys.readouterr().out
     study.main(argv)
     assert "tiny_rope_seed0: trained and evaluated already" in capsys.readouterr().out
     ckpt = torch.load(run / "ckpt.pt", weights_only=True)
