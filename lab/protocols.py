@@ -26,10 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-
 from common import (UserError, claim_output, command_parser, json_text, parse_list, parse_number, run_cli,
-                    shared_values,
-                    weights_id, write_atomic)
+                    shared_values, weights_id, write_atomic)
 from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
@@ -105,8 +103,8 @@ def bojone(model, units, L, rotary_dim, swap):
 
 
 def grid(L):
-    """ReRoPE's and leaky ReRoPE's windows from L/8 to L - 2 (the ladder's dev grid stopped at 3L/4, and dev chose its
-    edge on every rung), each with and without log-n."""
+    """ReRoPE's and leaky ReRoPE's windows from L/8 to L - 2, the largest the trained distances allow (so a choice at
+    the grid's edge is the edge of what exists), each with and without log-n."""
     windows = sorted({max(1, L // 8), L // 4, L // 2, 3 * L // 4, L - 2})
     return [f"{m}:window={w}{logn}" for m in ("rerope", "leaky-rerope") for w in windows for logn in ("", "+logn")]
 
