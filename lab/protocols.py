@@ -32,6 +32,7 @@ from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
 from eval.score import score_cropped, score_rows
+from pretrained import is_model_folder
 from runtime import load_run
 from wandb_runs import key, log_results
 
@@ -163,8 +164,8 @@ def members(path, seeds):
         pairs = [(path / f"code_small_seed{k}", path / f"code_yarn4x_seed{k}") for k in range(seeds)]
     else:
         pairs = [(path, None)]
-    for run in (r for pair in pairs for r in pair if r is not None):
-        if weights_id(run) is None:
+    for run in (r for pair in pairs for r in pair if r is not None):  # hashed once, later, by evaluate_seed
+        if not ((run / "ckpt.pt").is_file() or is_model_folder(run)):
             raise UserError(f"{run} holds no checkpoint or model weights: train it first (docs/experiments.md, the "
                             "regime ladder) or give a run folder or model folder")
     return pairs
