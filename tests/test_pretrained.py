@@ -239,7 +239,7 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
     import os
     import subprocess
     hf_model(tmp_path / "pythia-b", "gpt_neox", max_position_embeddings=16, hidden_size=32)  # a second rung
-    env = dict(os.environ, METHODS="none,crop,yarn,rerope", UNITS="2", TOKENS="64", VAL_FRACTION="0.5", DOCS="all")
+    env = dict(os.environ, METHODS="none,crop,yarn,rerope", UNITS="6", TOKENS="64", VAL_FRACTION="0.5", DOCS="all")
     proc = subprocess.run(["bash", str(ROOT / "lab" / "pythia.sh"), str(pythia.parent / "texts"),
                            str(tmp_path / "out"), str(pythia), str(tmp_path / "pythia-b")],
                           capture_output=True, text=True, env=env)
