@@ -1,13 +1,18 @@
 """Training-step throughput of a config on random tokens (tokens/s, TFLOP/s, MFU where the peak is known, peak memory);
-or, with --nanogpt, a karpathy/nanoGPT checkout's model beside ours (learned, rope) on the CPU: median ms per step.
+or, with --nanogpt, a karpathy/nanoGPT checkout's model beside ours (learned, rope) on the CPU: median ms per step;
+with --processes as well, the three trainings as whole processes (train.py against nanoGPT's train.py).
 
     python bench.py configs/rope_small.py [--key=value ...] [--vocab_size=2048] [--steps=20]
     python bench.py --nanogpt=PATH/TO/nanoGPT [--steps=15]
+    python bench.py --nanogpt=PATH/TO/nanoGPT --processes [--repeats=3]
 """
 import importlib.util
+import pickle
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -15,11 +20,12 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from common import UserError, parse_number, pick_device, run_cli
-from runtime import autocast, peak_flops
+from common import ROOT, UserError, data_dir, parse_number, pick_device, run_cli
+from runtime import autocast, peak_flops, training_data
 from config import load_config, model_config
 
-OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=")
+OPTIONS = ("--vocab_size=", "--steps=", "--nanogpt=", "--processes", "--repeats=")
+SHAPE = dict(block_size=128, vocab_size=2048, n_layer=4, n_head=6, n_embd=192, dropout=0.0)
 
 
 def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
@@ -34,7 +40,10 @@ def train_step(model, optimizer, x, y, ctx=nullcontext(), sync=False):
 
 
 def bench(argv):
-    extra = {a.split("=")[0][2:]: a.split("=", 1)[1] for a in argv if a.startswith(OPTIONS)}
+    extra = {a.split("=")[0][2:]: a.partition("=")[2] for a in argv if a.startswith(OPTIONS)}
+    if "nanogpt" in extra and "processes" in extra:
+        repeats = parse_number(extra.get("repeats", "3"), "repeats", int, 1)
+        return processes_vs_nanogpt(nanogpt_checkout(Path(extra["nanogpt"])), repeats)
     if "nanogpt" in extra:
         return versus_nanogpt(Path(extra["nanogpt"]), parse_number(extra.get("steps", "15"), "steps", int, 1))
     config = load_config([a for a in argv if not a.startswith(OPTIONS)])
@@ -64,17 +73,19 @@ def bench(argv):
           + f", peak memory {memory:,.0f} MiB ({'CUDA allocated' if device_type == 'cuda' else 'process RSS'})")
 
 
+def nanogpt_checkout(root, files=("model.py",)):
+    if missing := [f for f in files if not (root / f).is_file()]:
+        raise UserError(f"--nanogpt={root}: no {', '.join(missing)} there; give a checkout of karpathy/nanoGPT")
+    return root
+
+
 def versus_nanogpt(root, blocks):
-    path = root / "model.py"
-    if not path.is_file():
-        raise UserError(f"--nanogpt={root}: no model.py there; give a checkout of karpathy/nanoGPT")
-    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt_checkout(root) / "model.py")
     nano = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nano)
-    shape = dict(block_size=128, vocab_size=2048, n_layer=4, n_head=6, n_embd=192, dropout=0.0)
-    models = {"nanoGPT": lambda: nano.GPT(nano.GPTConfig(**shape, bias=False)),
-              "ours, learned": lambda: GPT(GPTConfig(**shape, pos_emb="learned")),
-              "ours, rope": lambda: GPT(GPTConfig(**shape, pos_emb="rope"))}
+    models = {"nanoGPT": lambda: nano.GPT(nano.GPTConfig(**SHAPE, bias=False)),
+              "ours, learned": lambda: GPT(GPTConfig(**SHAPE, pos_emb="learned")),
+              "ours, rope": lambda: GPT(GPTConfig(**SHAPE, pos_emb="rope"))}
     x, y = torch.randint(2048, (2, 16, 128))
     runs = {}
     for name, make in models.items():
@@ -94,6 +105,52 @@ def versus_nanogpt(root, blocks):
           f"{torch.__version__}; median of {blocks} blocks of 10 steps")
     for name, ms in median.items():
         print(f"{name:14s} {ms:6.1f} ms/step {2048 / ms * 1000:8,.0f} tokens/s  {median['nanoGPT'] / ms:.3f}x nanoGPT")
+
+
+def processes_vs_nanogpt(root, repeats, short=10, long=50):
+    """The three trainings as whole processes on the default corpus, each run for `long` and for `short` iterations in
+    turn: the difference of the two is long - short iterations of the loop, with start-up, the evaluations and the
+    final checkpoint cancelled. Prints the median difference of each and its speed against nanoGPT's."""
+    nanogpt_checkout(root, ("train.py", "model.py", "configurator.py"))
+    config = load_config([])
+    training_data(config, True, False)  # prepared on first use, as train.py would
+    folder = data_dir(config["dataset"])
+    shape = [f"--{k}={v}" for k, v in SHAPE.items() if k != "vocab_size"] + [
+        "--batch_size=16", "--device=cpu", "--dtype=float32", "--compile=False", "--warmup_iters=5",
+        "--eval_interval=100000", "--eval_iters=1", "--log_interval=10"]  # one evaluation at the start, one at the end
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)  # nanoGPT reads data/<dataset>/ and configurator.py from the folder it runs in
+        (tmp / "data" / "bench").mkdir(parents=True)
+        for name in ("train.bin", "val.bin"):
+            (tmp / "data" / "bench" / name).symlink_to(folder / name)
+        (tmp / "data" / "bench" / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": SHAPE["vocab_size"]}))
+        (tmp / "configurator.py").symlink_to(root.resolve() / "configurator.py")
+        nano = [sys.executable, str(root.resolve() / "train.py"), "--dataset=bench", "--bias=False",
+                "--gradient_accumulation_steps=1", "--always_save_checkpoint=False", f"--out_dir={tmp}/nano"]
+        ours = [sys.executable, str(ROOT / "train.py"), f"--dataset={folder}", "--wandb_log=False"]
+        commands = {"nanoGPT": lambda n, r: nano + [f"--max_iters={n}", f"--lr_decay_iters={n}"],
+                    "ours, learned": lambda n, r: ours + ["--pos_emb=learned", f"--max_iters={n}", f"--out_dir={tmp}/l{n}_{r}"],
+                    "ours, rope": lambda n, r: ours + ["--pos_emb=rope", f"--max_iters={n}", f"--out_dir={tmp}/r{n}_{r}"]}
+        loop = {name: [] for name in commands}
+        for r in range(repeats):  # in turn, so that a drifting machine slows all three alike
+            for name, command in commands.items():
+                seconds = [timed(command(n, r) + shape, tmp) for n in (long, short)]
+                loop[name].append(seconds[0] - seconds[1])
+                print(f"repeat {r + 1}/{repeats}, {name}: {seconds[0]:.2f} s - {seconds[1]:.2f} s", file=sys.stderr)
+    print(f"whole processes, 4x192, T 128, batch 16, vocab 2048, cpu float32, torch {torch.__version__}: "
+          f"the {long}-iteration run minus the {short}-iteration one, median of {repeats} repeats")
+    for name, diffs in loop.items():
+        speeds = sorted(n / d for n, d in zip(loop["nanoGPT"], diffs))  # per repeat: the spread is the noise
+        print(f"{name:14s} {statistics.median(diffs):6.2f} s for {long - short} iterations  "
+              f"{statistics.median(speeds):.3f}x nanoGPT (repeats {speeds[0]:.3f} to {speeds[-1]:.3f})")
+
+
+def timed(command, cwd):
+    t0 = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        raise UserError(f"{' '.join(command[:2])} failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -289,6 +289,9 @@ def test_bench_beside_nanogpt_times_three_models_and_names_a_bad_checkout(tmp_pa
     assert [r.split()[0] for r in rows] == ["nanoGPT", "ours,", "ours,"] and rows[0].endswith("1.000x nanoGPT")
     bad = subprocess.run(cmd[:2] + [f"--nanogpt={tmp_path / 'nowhere'}"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "no model.py there" in bad.stderr
+    # as whole processes it needs nanoGPT's train.py and configurator.py too, named before any training runs
+    whole = subprocess.run(cmd[:3] + ["--processes"], capture_output=True, text=True, timeout=60)
+    assert whole.returncode == 1 and "no train.py, configurator.py there" in whole.stderr, whole.stderr
 
 
 CONFIG_DIRS = (Path(train.__file__).parent / "configs", Path(train.__file__).parent / "lab" / "configs")
