@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import UserError, remove_leftovers, write_atomic
+from common import UserError, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -23,15 +23,6 @@ def file_sha256(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def is_prepared(out_dir, **expected):
-    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any)."""
-    with suppress(OSError, ValueError):  # compared through JSON: tuples vs lists or int keys are no mismatch
-        remove_leftovers(out_dir)  # a killed preparation's temporary files: the one it re-prepares would replace them
-        meta = load_meta(out_dir)
-        return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
-    return False
 
 
 def shakespeare_vocab(name):
@@ -52,11 +43,6 @@ def prepare_command(data_dir):
     vocab = shakespeare_vocab(name)  # shakespeare's vocabulary is an option; sympy's is fixed
     options = {VOCAB_SIZE: "", 257: " --bytes"}.get(vocab, f" --vocab_size {vocab}") if vocab else ""
     return f"python data/{corpus}/prepare.py{options}"
-
-
-def dtype_for(vocab_size):
-    """The token dtype of a corpus of vocab_size ids: the narrowest that holds them, uint16 or uint32."""
-    return "uint16" if vocab_size <= UINT16_IDS else "uint32"
 
 
 def token_dtype(meta):
@@ -86,7 +72,7 @@ def load_meta(data_dir, verify=True):
     try:
         meta = json.loads((folder / "meta.json").read_text())
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
-    except (ValueError, KeyError, TypeError) as e:  # not JSON, or written before meta.json held checksums
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or a meta.json without the files' checksums
         raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
     check_ids(meta, folder / "meta.json", fix)
     stamp, stamps, fresh = folder / "verified.json", {}, {}

@@ -51,7 +51,7 @@ def copy_rows(filler, rng, segment, distances, vocab, segments=None):
     segments [N, segment]: plant these (e.g. stretches of held-out text) instead of uniform ids < vocab."""
     rows = np.array(filler, dtype=np.int64)  # a copy: the filler may be a read-only memmap
     for i, (row, d) in enumerate(zip(rows, np.asarray(distances, dtype=np.int64).tolist())):
-        seg = rng.integers(0, vocab, size=segment) if segments is None else segments[i]  # None: the rng draws as before
+        seg = rng.integers(0, vocab, size=segment) if segments is None else segments[i]  # None: uniform ids, drawn here
         plant_repeat(row, seg, len(row) - segment - d, d)
     return rows
 
@@ -99,7 +99,7 @@ def mix_retrieval(rows, rng, config, vocab):
     """Replace retrieval_mix of a batch's rows by retrieval_task's synthetic rows (in place); their loss is the rows' own."""
     if config["retrieval_mix"] and config["retrieval_task"] == "mqar":
         mix_mqar(rows, rng, config["retrieval_mix"], config["retrieval_segment"] // 2, vocab)
-    elif config["retrieval_mix"]:  # copy: the same calls, so the same batches, as before the key existed
+    elif config["retrieval_mix"]:
         mix_copies(rows, rng, config["retrieval_mix"], config["retrieval_segment"], vocab)
 
 

@@ -9,17 +9,31 @@ import time
 from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from common import UserError, atomic, claim_output, release_outputs, write_atomic
-from data.dataset import DATA_FILES, SPLITS, dtype_for, file_sha256
+from common import UserError, atomic, claim_output, release_outputs, remove_leftovers, write_atomic
+from data.dataset import DATA_FILES, SPLITS, UINT16_IDS, file_sha256, load_meta
 from data.tokenizer import gpt2_tokenizer
 
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
+
+
+def is_prepared(out_dir, **expected):
+    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any)."""
+    with suppress(OSError, ValueError):  # compared through JSON: tuples vs lists or int keys are no mismatch
+        remove_leftovers(out_dir)  # a killed preparation's temporary files: the one it re-prepares would replace them
+        meta = load_meta(out_dir)
+        return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
+    return False
+
+
+def dtype_for(vocab_size):
+    """The token dtype of a corpus of vocab_size ids: the narrowest that holds them, uint16 or uint32."""
+    return "uint16" if vocab_size <= UINT16_IDS else "uint32"
 
 
 def split_documents(names, val_fraction=0.1, seed=0):
@@ -64,7 +78,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     """Tokenize a stream of (split, name, text) documents into out_dir, every file atomically (docs/reference.md,
     "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named
     files. tokenizer: a pretrained model's (data.tokenizer.ModelTokenizer), else GPT-2's BPE cut to
-    vocab_size. Tokens are uint16 up to 65,536 ids (GPT-2's BPE always), else uint32 (dataset.dtype_for)."""
+    vocab_size. Tokens are uint16 up to 65,536 ids (GPT-2's BPE always), else uint32 (dtype_for)."""
     enc, dtype = tokenizer or gpt2_tokenizer(vocab_size), dtype_for(vocab_size)
     eot = np.array([enc.eot_token], dtype=dtype).tobytes()
     out_dir = Path(out_dir)

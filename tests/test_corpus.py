@@ -13,7 +13,8 @@ import pytest
 
 import data.writer
 import data.text.prepare as text_prepare
-from data.dataset import is_prepared, load_meta, load_split
+from data.dataset import load_meta, load_split
+from data.writer import is_prepared
 from data.writer import val_by_hash
 from data.text.prepare import default_name, prepare
 from data.tokenizer import gpt2_tokenizer

@@ -4,7 +4,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from data.dataset import doc_windows, get_rows, is_prepared, load_meta, load_split
+from data.dataset import doc_windows, get_rows, load_meta, load_split
+from data.writer import is_prepared
 from data.writer import split_documents, write_dataset
 from data.text.prepare import prepare as prepare_text
 from data.tokenizer import RANKS_PATH, gpt2_tokenizer, load_ranks

@@ -349,7 +349,7 @@ def test_bad_input_is_a_one_line_error(rope_run, dataset, tmp_path):
     assert "unknown --bins 'square'; allowed: linear, log" in error_of([str(rope_run), "--bins", "square"])
     assert "unknown --dynamic_modes exact" in error_of([str(rope_run), "--dynamic_modes", "exact"])
     assert "--lengths 0.01 is under one token at training length 32" in error_of([str(rope_run), "--lengths", "0.01"])
-    # runtime.pick_device's own one line: extrapolate.py no longer checks the name a second time
+    # common.pick_device's one line, said once (extrapolate.py does not check the name again)
     assert "device='tpu' is not one of: auto, cpu, cuda, cuda:N, mps" in error_of([str(rope_run), "--device", "tpu"])
 
 

@@ -190,7 +190,7 @@ def test_alibi_and_p_rope_runs_sample_far_past_the_training_length(tmp_path):
     (["--max_new_tokens", "x"], "argument --max_new_tokens: invalid int value: 'x'"),
     (["--prompt", "a", "--prompt_file", "b"], "argument --prompt_file: not allowed with argument --prompt"),
     (["--prompt", ""], "--prompt is empty; leave it out to start a new document (<|endoftext|>)"),
-    # runtime.pick_device's own one line: sample.py no longer checks the name a second time
+    # common.pick_device's one line, said once (sample.py does not check the name again)
     (["--device", "tpu"], "device='tpu' is not one of: auto, cpu, cuda, cuda:N, mps"),
 ])
 def test_bad_options_are_one_line_errors(tmp_path, argv, message):

