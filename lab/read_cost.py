@@ -1,6 +1,6 @@
 """What reading a long input costs, per method: targets scored per second and peak memory for one window of
 each length, through eval/score.py's path (crop: its strided truncation windows), on a model of Pythia-160M's
-shape with random weights (the cost does not depend on the weights), or on a model folder's.
+shape with random weights (the cost does not depend on the weights), or on a run's (a converted model's).
 
     python lab/read_cost.py [--model DIR] [--lengths 2,4] [--methods none,crop,yarn,...] [--device cpu]
 
@@ -91,7 +91,7 @@ def read_cost(args):
 
 def parse_args(argv):
     p = command_parser(__doc__, "device")
-    p.add_argument("--model", default=None, help="a model folder (Hugging Face layout) or run folder "
+    p.add_argument("--model", default=None, help="a run folder, a converted model's say "
                                                  "(default: Pythia-160M's shape, random weights)")
     p.add_argument("--lengths", default="2,4", help="multiples of the trained length (default 2,4)")
     p.add_argument("--methods", default="none,crop,yarn,self-extend,rerope,dynamic-ntk (causal)",
