@@ -235,7 +235,8 @@ def held_out_text(dataset, tokenizer, folder):
     the model's tokenizer; None: no held-out text yet."""
     if dataset is None:
         return None
-    dataset = dataset if data_dir(dataset).is_dir() else str(Path(dataset).resolve())
+    if not data_dir(dataset).is_dir() and Path(dataset).is_dir():  # a folder named from here
+        dataset = str(Path(dataset).resolve())
     meta = load_meta(data_dir(dataset))
     if meta["tokenizer"] != tokenizer.identity:
         raise UserError(f"--dataset {dataset} was tokenized with {meta['tokenizer']}, not {folder}'s "
@@ -259,13 +260,11 @@ def run_of(folder, name, dataset=None):
 
 
 def save(state, path):
-    """torch.save(state) into path atomically, written straight to the file (a 7B model is not held twice)."""
+    """torch.save(state) into path atomically, straight into the file (a 7B model is not held twice)."""
     try:
         write_atomic(path, lambda f: torch.save(state, f))
-    except RuntimeError as e:  # torch's own error for a failed write (a full disk)
-        if "write" not in str(e):
-            raise
-        raise OSError(f"cannot write {path} ({str(e).splitlines()[0][:80]}): free some space") from None
+    except OSError as e:  # a full disk, say: the error names the file
+        raise OSError(f"cannot write {path} ({e.strerror or e}): free some space, or give another --out") from None
 
 
 def convert(folder, out, dataset=None):

@@ -196,6 +196,18 @@ def test_a_run_is_converted_once_and_a_model_folder_given_as_a_run_says_so(tmp_p
         load_run(run)
 
 
+def test_a_failed_write_is_one_line_and_leaves_no_run(tmp_path, monkeypatch):
+    hf_model(tmp_path / "m", "llama")
+
+    def full_disk(state, f):  # what a write into a full disk raises midway
+        f.write(b"part of a checkpoint")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"cannot write .*m-run/ckpt.pt \(No space left on device\): free some"):
+        converted(tmp_path / "m")
+    assert not (tmp_path / "m-run").exists()
+
+
 def test_16_bit_weights_stay_16_bit_in_the_run_and_are_read_in_float32(tmp_path):
     import copy
     hf = hf_model(tmp_path / "m", "llama")
