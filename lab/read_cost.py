@@ -15,16 +15,16 @@ import torch
 
 
 from common import command_parser, parse_list, pick_device, run_cli
+from config import gpt_config
 from eval.methods import METHODS, forward_args, split_method
 from eval.score import score_units
 from model import GPT
-from pretrained import config_of
 from runtime import load_checkpoint, model_from_checkpoint
 
-PYTHIA_160M = dict(  # its config.json
-    model_type="gpt_neox", vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-    intermediate_size=3072, max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000,
-    use_parallel_residual=True, layer_norm_eps=1e-5, tie_word_embeddings=False)
+PYTHIA_160M = dict(  # its config.json as pretrained.py converts it
+    vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=2048, pos_emb="rope", rope_layout="half",
+    rope_base=10000.0, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25}, norm="layernorm",
+    norm_eps=1e-5, biases=True, mlp="gelu", mlp_hidden=3072, parallel_residual=True, tie_embeddings=False)
 
 
 def memory_kib(field):
@@ -66,7 +66,7 @@ def read_cost(args):
         model = model_from_checkpoint(load_checkpoint(args["model"]))
     else:
         torch.manual_seed(0)
-        model = GPT(config_of(PYTHIA_160M, "Pythia-160M's shape")[1])
+        model = GPT(gpt_config(PYTHIA_160M))
     model = model.to(device).eval()
     L = model.config.block_size
     stride = max(1, L // 8)  # extrapolate.py's default crop stride
