@@ -1,5 +1,6 @@
-"""Offline GPT-2 BPE (tiktoken) from the ranks shipped in data/gpt2.tiktoken, optionally cut to the first ranks:
-keeping ranks < K is still a valid GPT-2 BPE, as a merged token's two parts have lower ranks and survive the cut."""
+"""The tokenizers of a run's text (run_tokenizer picks a run's): offline GPT-2 BPE (tiktoken) from the ranks shipped
+in data/gpt2.tiktoken, optionally cut to the first ranks (keeping ranks < K is still a valid GPT-2 BPE, as a merged
+token's two parts have lower ranks and survive the cut), or a pretrained model's own tokenizer.json."""
 import base64
 import functools
 import hashlib

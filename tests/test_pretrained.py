@@ -236,6 +236,20 @@ def test_a_converted_run_needs_nothing_of_its_model_folder(tmp_path):
     assert samples[0].startswith("the model") and tok.decode(tok.encode(samples[0]).ids) == samples[0]
 
 
+def test_a_model_naming_no_end_of_text_token_samples_from_a_prompt_only(tmp_path):
+    import sample
+    from data.text.prepare import prepare
+    hf_model(tmp_path / "m", "qwen2")  # transformers' Qwen2 config names no eos_token_id
+    run = converted(tmp_path / "m")
+    assert sample.sample(sample.parse_args([str(run), "--max_new_tokens", "2", "--prompt", "the", "--device", "cpu"]))
+    with pytest.raises(UserError, match="names no end-of-text token to start a new document: give --prompt"):
+        sample.sample(sample.parse_args([str(run), "--max_new_tokens", "2", "--device", "cpu"]))
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text")
+    with pytest.raises(UserError, match="no end-of-text token .*: documents need one between them"):
+        prepare(tmp_path / "texts", out_dir=tmp_path / "data", tokenizer=tmp_path / "m", workers=1)
+
+
 # ----------------------------------------------------------------------------- its tokenizer, every command
 
 @pytest.fixture(scope="module")
