@@ -144,9 +144,10 @@ class Weights:
     def __call__(self, name, *shape):
         if name not in self.tensors:
             raise UserError(f"{self.wrong}: no tensor {name!r}")
-        if tuple(self.tensors[name].shape) != shape:
-            raise UserError(f"{self.wrong}: {name} is {tuple(self.tensors[name].shape)}, the config makes it {shape}")
-        return self.tensors.pop(name)
+        t = self.tensors.pop(name)  # the state dict holds it, or a copy: the folder's is let go
+        if tuple(t.shape) != shape:
+            raise UserError(f"{self.wrong}: {name} is {tuple(t.shape)}, the config makes it {shape}")
+        return t
 
     def check_all_taken(self):
         if left := sorted(k for k in self.tensors if not k.endswith(IGNORED)):
