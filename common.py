@@ -317,20 +317,15 @@ def write_atomic(path, write):
 # ----------------------------------------------------------------------------- the weights a result describes
 
 def weights_id(path):
-    """The identity of a checkpoint (path: a ckpt.pt or its run folder; a model folder: its config.json and
-    *.safetensors), None where there is none: the first 16 hex digits of the sha256 of its bytes. Its content,
-    not its path or mtime: a run trained on or replaced in the same folder gets another id, so a result that
-    records the id it read can be told from one of the weights there now."""
-    path = Path(path)
-    files = [path / "ckpt.pt"] if path.is_dir() else [path]
-    if path.is_dir() and not files[0].is_file():  # a model folder: its config and weights
-        shards = sorted(path.glob("*.safetensors"))
-        files = [path / "config.json", *shards] if shards else []
-    if not files or not all(f.is_file() for f in files):
+    """The identity of a checkpoint (path: a ckpt.pt or its run folder), None where there is none: the first 16
+    hex digits of the sha256 of its bytes. Its content, not its path or mtime: a run trained on or replaced in
+    the same folder gets another id, so a result that records the id it read can be told from one of the
+    weights there now."""
+    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
+    if not path.is_file():
         return None
     digest = hashlib.sha256()
-    for file in files:
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
     return digest.hexdigest()[:16]

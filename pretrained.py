@@ -1,28 +1,28 @@
-"""A Hugging Face model folder (config.json, *.safetensors, tokenizer.json) read as a run: config.json as a
-GPTConfig and the weights as a state dict of this repository's GPT, so that every method applies to it as to a
-trained run. Families: GPT-NeoX (Pythia), Llama, Qwen2, Mistral. Configs of transformers 4.x (rope_theta,
-rope_scaling, rotary_pct) and 5.x (rope_parameters) alike; a model's own rope scaling (Llama 3's) is part
-of its trained state."""
+"""Convert a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) once into a ropelab run
+folder: config.json as a GPTConfig, the weights as a state dict of this repository's GPT (in the file's own
+dtype) and the tokenizer, in one ckpt.pt that every command reads as a run, so that every method applies to it
+as to a trained run. Families: GPT-NeoX (Pythia), Llama, Qwen2, Mistral. Configs of transformers 4.x
+(rope_theta, rope_scaling, rotary_pct) and 5.x (rope_parameters) alike; a model's own rope scaling (Llama
+3's) is part of its trained state.
+
+    python pretrained.py MODEL_DIR --out out/pythia-160m [--dataset NAME]
+"""
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from common import UserError
+from common import UserError, claim_output, command_parser, data_dir, release_outputs, run_cli, write_atomic
 from config import gpt_config
-from data.tokenizer import DATA_FILE
+from data.dataset import load_meta
+from data.tokenizer import folder_tokenizer
 from rope import ORIGINAL, scaling_type
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout"
 IGNORED = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # buffers older files hold
-
-
-def is_model_folder(path):
-    """Whether path is a Hugging Face model folder rather than a run folder of train.py's."""
-    path = Path(path)
-    return path.is_dir() and (path / "config.json").is_file() and not (path / "ckpt.pt").exists()
 
 
 def read_json(path, what):
@@ -134,24 +134,23 @@ def read_weights(folder):
 
 
 class Weights:
-    """The folder's tensors, each taken by name with the shape the config implies, in float32. What is
-    missing, of another shape or left over is a UserError: the weights do not match config.json."""
+    """The folder's tensors, each taken (and let go) by name with the shape the config implies, in its own
+    dtype. What is missing, of another shape or left over is a UserError: the weights do not match
+    config.json."""
 
     def __init__(self, tensors, folder):
-        self.tensors, self.taken = tensors, set()
-        self.wrong = f"{folder}: the weights do not match config.json"
+        self.tensors, self.wrong = tensors, f"{folder}: the weights do not match config.json"
 
     def __call__(self, name, *shape):
         if name not in self.tensors:
             raise UserError(f"{self.wrong}: no tensor {name!r}")
-        t = self.tensors[name]
+        t = self.tensors.pop(name)  # the state dict holds it, or a copy: the folder's is let go
         if tuple(t.shape) != shape:
             raise UserError(f"{self.wrong}: {name} is {tuple(t.shape)}, the config makes it {shape}")
-        self.taken.add(name)
-        return t.float()
+        return t
 
     def check_all_taken(self):
-        if left := sorted(k for k in self.tensors if k not in self.taken and not k.endswith(IGNORED)):
+        if left := sorted(k for k in self.tensors if not k.endswith(IGNORED)):
             raise UserError(f"{self.wrong}: {len(left)} tensors it has no place for ({left[0]}, ...)")
 
 
@@ -211,7 +210,7 @@ def llama_layer(w, p, c, order):
 
 
 def state_dict(tensors, family, c, folder):
-    """The GPT's state dict (parameter name -> float32 tensor) from the folder's tensors."""
+    """The GPT's state dict (parameter name -> tensor in the file's dtype) from the folder's tensors."""
     w, order = Weights(tensors, folder), rotary_order(c.n_embd // c.n_head, c.rope_scaling)
     neox = family == "gpt_neox"
     top, layer = ("gpt_neox.", neox_layer) if neox else ("model.", llama_layer)
@@ -230,19 +229,69 @@ def state_dict(tensors, family, c, folder):
     return sd
 
 
-# ----------------------------------------------------------------------------- the folder as a run
+# ----------------------------------------------------------------------------- the folder as a run folder
 
-def dataset_of(folder):
-    """The held-out text the folder is read with (DATA_FILE), or None if none was prepared for it."""
-    path = Path(folder) / DATA_FILE
-    return read_json(path, "JSON").get("dataset") if path.is_file() else None
+def held_out_text(dataset, tokenizer, folder):
+    """dataset as a run records it (a name under data/, else an absolute path), checked to be prepared with
+    the model's tokenizer; None: no held-out text yet."""
+    if dataset is None:
+        return None
+    if not data_dir(dataset).is_dir() and Path(dataset).is_dir():  # a folder named from here
+        dataset = str(Path(dataset).resolve())
+    meta = load_meta(data_dir(dataset))
+    if meta["tokenizer"] != tokenizer.identity:
+        raise UserError(f"--dataset {dataset} was tokenized with {meta['tokenizer']}, not {folder}'s "
+                        f"tokenizer.json: its ids would mean other tokens; prepare it with the model's: "
+                        f"python data/text/prepare.py SOURCE --name NAME --tokenizer {folder}")
+    return dataset
 
 
-def read_run(folder):
-    """A model folder as the checkpoint dict runtime.load_checkpoint returns for a trained run."""
+def run_of(folder, name, dataset=None):
+    """A model folder as the checkpoint dict train.py writes, with a 'pretrained' record: the folder it came
+    from and its tokenizer (its identity, its tokenizer.json and end-of-text id, for sample.py)."""
     folder = Path(folder)
     family, config = model_config(folder)
+    tokenizer = folder_tokenizer(folder)
+    dataset = held_out_text(dataset, tokenizer, folder)
     weights = state_dict(read_weights(folder), family, config, folder)
     return {"model": weights, "model_args": asdict(config), "iter_num": 0,
-            "config": {"dataset": dataset_of(folder), "wandb_run_name": folder.name, "wandb_log": False},
-            "pretrained": {"family": family, "folder": str(folder.resolve())}}
+            "config": {"dataset": dataset, "wandb_run_name": name, "wandb_log": False},
+            "pretrained": {"family": family, "folder": str(folder.resolve()), "tokenizer": tokenizer.identity,
+                           "tokenizer_json": tokenizer.text, "eot_token": tokenizer.eot_token}}
+
+
+def save(state, path):
+    """torch.save(state) into path atomically, straight into the file (a 7B model is not held twice)."""
+    try:
+        write_atomic(path, lambda f: torch.save(state, f))
+    except OSError as e:  # a full disk, say: the error names the file
+        raise OSError(f"cannot write {path} ({e.strerror or e}): free some space, or give another --out") from None
+
+
+def convert(folder, out, dataset=None):
+    """folder converted into the run folder out (out/ckpt.pt), once: a run already there is refused."""
+    out = Path(out)
+    home = out.resolve()
+    claim_output(out, "pretrained", lock=home.with_name(f".{home.name}.lock"), in_use="one writer per run folder")
+    try:
+        if held := [n for n in ("ckpt.pt", "log.jsonl") if (out / n).exists()]:
+            raise UserError(f"{out} already holds a run ({', '.join(held)}): give another --out")
+        run = run_of(folder, out.name, dataset)
+        save(run, out / "ckpt.pt")
+    finally:
+        release_outputs(out)  # a folder made for a conversion that failed goes with it
+    print(f"{folder} -> {out / 'ckpt.pt'}, reading {run['config']['dataset'] or 'no held-out text yet'}")
+    return out
+
+
+def main(argv):
+    p = command_parser(__doc__, "out")
+    p.add_argument("model_dir", help="a Hugging Face model folder: config.json, *.safetensors, tokenizer.json")
+    p.add_argument("--dataset", default=None, help="the held-out text its commands read, prepared with its "
+                   "tokenizer (data/text/prepare.py --tokenizer MODEL_DIR): its name or folder")
+    a = p.parse_args(argv)
+    convert(a.model_dir, a.out, a.dataset)
+
+
+if __name__ == "__main__":
+    run_cli("pretrained.py", main, sys.argv[1:])

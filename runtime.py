@@ -13,10 +13,8 @@ import torch
 from common import (UserError, claim_output, data_dir, json_text, lock_holder, open_locked, release_outputs,
                     weights_id, write_atomic)
 from data.dataset import builtin, load_meta, load_split
-from data.tokenizer import ModelTokenizer, gpt2_tokenizer, tokenizer_identity
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
-from pretrained import is_model_folder, read_run
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
 
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
@@ -48,15 +46,16 @@ def throughput(tokens, seconds, flops_per_token, peak, world):
 
 
 def load_checkpoint(path, device="cpu"):
-    """Read a ckpt.pt written by train.py (path: the file or its run folder), or a model folder's weights."""
-    if is_model_folder(path):  # a Hugging Face model folder is a run too
-        return read_run(path)
+    """Read a ckpt.pt written by train.py or pretrained.py (path: the file or its run folder)."""
     run = Path(path).parent if Path(path).suffix == ".pt" else Path(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.exists() and replaced(run).is_dir():
         raise UserError(f"no checkpoint at {path}: an --overwrite=True was stopped before its first "
                         f"checkpoint, and the run it replaces waits in {replaced(run)}; the next "
                         f"train.py with --out_dir={run} puts it back")
+    if not path.exists() and (run / "config.json").is_file():
+        raise UserError(f"{run} is a model folder, not a run: convert it once, python pretrained.py {run} "
+                        f"--out out/{run.name} --dataset NAME, and read out/{run.name}")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
     try:
@@ -84,7 +83,10 @@ def model_from_checkpoint(ckpt, config=None):
     if "pretrained" in ckpt:  # no random init of weights about to be replaced (billions of draws at 7B)
         with torch.device("meta"):
             model = GPT(checkpoint_config(ckpt))
-        model.load_state_dict(ckpt["model"], assign=True)
+        weights = ckpt["model"]  # in float32 as a trained run's, each file tensor let go as its copy replaces it
+        for name in weights:
+            weights[name] = weights[name].float()
+        model.load_state_dict(weights, assign=True)
         if model.config.tie_embeddings:  # assign gave the embedding and the head a Parameter each: one again
             model.transformer.wte.weight = model.lm_head.weight
         return model
@@ -111,24 +113,17 @@ def load_run(run_dir, device="cpu"):
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 
-def run_tokenizer(ckpt):
-    """The tokenizer of a run's text: a pretrained model's own, else GPT-2's BPE cut to its vocabulary."""
-    if "pretrained" in ckpt:
-        return ModelTokenizer(ckpt["pretrained"]["folder"])
-    return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])
-
-
 def pretrained_run(run_dir, ckpt, device):
-    """load_run for a pretrained model's folder: its held-out text must be tokenized by its own tokenizer."""
-    prepare = f"python data/text/prepare.py SOURCE --name NAME --tokenizer {run_dir}"
+    """load_run for a converted pretrained model: its held-out text must be tokenized by its own tokenizer."""
+    record = ckpt["pretrained"]
+    prepare = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
+               f"python pretrained.py {record['folder']} --out NEW_RUN --dataset NAME")
     if ckpt["config"]["dataset"] is None:
-        raise UserError(f"{run_dir} has no held-out text prepared with its tokenizer yet: {prepare}")
+        raise UserError(f"{run_dir} was converted with no held-out text: {prepare}")
     folder = data_dir(ckpt["config"]["dataset"])
-    meta = load_meta(folder)
-    if meta["tokenizer"] != tokenizer_identity(run_dir):
-        raise UserError(f"data {folder} was tokenized with {meta['tokenizer']}, not {run_dir}'s "
-                        f"tokenizer.json: its ids would mean other tokens; prepare it with the model's: "
-                        f"{prepare}")
+    if (tokenizer := load_meta(folder)["tokenizer"]) != record["tokenizer"]:
+        raise UserError(f"data {folder} was tokenized with {tokenizer}, not {run_dir}'s tokenizer.json: its ids "
+                        f"would mean other tokens; {prepare}")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 # ----------------------------------------------------------------------------- a training's run folder

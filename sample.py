@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from data.tokenizer import EOT
+from data.tokenizer import EOT, run_tokenizer
 from eval.methods import FIXED, forward_args, method_factor, unavailable
 from common import MAX_FACTOR, UserError, command_parser, parse_number, run_cli, shared_values
-from runtime import autocast, load_checkpoint, model_from_checkpoint, run_tokenizer
+from runtime import autocast, load_checkpoint, model_from_checkpoint
 
 
 SEPARATOR = "\n---------------\n"
@@ -82,6 +82,8 @@ def sample(args):
     text = read_prompt(args["prompt_file"]) if args["prompt_file"] else args["prompt"]
     if args["prompt_file"] and not text:
         raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
+    if not text and enc.eot_token is None:
+        raise UserError(f"{args['run_dir']}'s model names no end-of-text token to start a new document: give --prompt")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
     total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], cfg.train_len

@@ -1,5 +1,6 @@
-"""Offline GPT-2 BPE (tiktoken) from the ranks shipped in data/gpt2.tiktoken, optionally cut to the first ranks:
-keeping ranks < K is still a valid GPT-2 BPE, as a merged token's two parts have lower ranks and survive the cut."""
+"""The tokenizers of a run's text (run_tokenizer picks a run's): offline GPT-2 BPE (tiktoken) from the ranks shipped
+in data/gpt2.tiktoken, optionally cut to the first ranks (keeping ranks < K is still a valid GPT-2 BPE, as a merged
+token's two parts have lower ranks and survive the cut), or a pretrained model's own tokenizer.json."""
 import base64
 import functools
 import hashlib
@@ -40,45 +41,33 @@ def gpt2_tokenizer(vocab_size: int = GPT2_VOCAB_SIZE) -> tiktoken.Encoding:
 
 # ------------------------------------------------------------------ a pretrained model's own tokenizer
 
-DATA_FILE = "ropelab.json"  # in a model folder, {"dataset": NAME}: the held-out text its commands read
-
-
-def tokenizer_identity(model_dir):
-    """What a corpus prepared with a model folder's tokenizer records: the sha256 of its tokenizer.json."""
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise UserError(f"{path} is missing: ropelab reads a model's tokenizer from its tokenizer.json "
-                        "(the fast tokenizer file of the Hugging Face layout)")
-    return {"tokenizer.json": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
 def end_of_text(model_dir, tok):
-    """The id that ends a document: config.json's eos_token_id, else tokenizer_config.json's eos_token."""
+    """The id that ends a document: config.json's eos_token_id, else tokenizer_config.json's eos_token; None
+    where neither names one."""
     paths = [Path(model_dir) / name for name in ("config.json", "tokenizer_config.json")]
     configs = [json.loads(p.read_text()) for p in paths if p.is_file()]
     eos = next((c["eos_token_id"] for c in configs if c.get("eos_token_id") is not None), None)
     if eos is None and (name := next((c["eos_token"] for c in configs if c.get("eos_token")), None)):
         eos = tok.token_to_id(name if isinstance(name, str) else name.get("content"))
     eos = eos[0] if isinstance(eos, list) else eos
-    if not isinstance(eos, int):
-        raise UserError(f"{model_dir}: no end-of-text token (config.json's eos_token_id, "
-                        "tokenizer_config.json's eos_token): documents need one between them")
-    return eos
+    return eos if isinstance(eos, int) else None
 
 
 class ModelTokenizer:
-    """A model folder's tokenizer.json (Hugging Face `tokenizers`) with the part of tiktoken's interface that
-    the data writer and sample.py use. Text is encoded as it is: no BOS or other special token is added."""
+    """A Hugging Face tokenizer.json's text (Hugging Face `tokenizers`) with the part of tiktoken's interface
+    that the data writer and sample.py use; eot_token ends a document (None: the model names none). Text is
+    encoded as it is: no BOS or other special token is added. Its identity, the sha256 of the file, is what a
+    corpus it prepared records."""
 
-    def __init__(self, model_dir):
+    def __init__(self, text, eot_token, where):
         from tokenizers import Tokenizer
-        self.identity = tokenizer_identity(model_dir)
         try:
-            self.tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+            self.tok = Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise UserError(f"{model_dir}/tokenizer.json is damaged ({str(e)[:80]})") from None
+            raise UserError(f"{where} is damaged ({str(e)[:80]})") from None
+        self.text, self.identity = text, {"tokenizer.json": hashlib.sha256(text.encode()).hexdigest()}
         self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
-        self.eot_token = end_of_text(model_dir, self.tok)
+        self.eot_token = eot_token
 
     def encode_ordinary(self, text):
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -91,3 +80,26 @@ class ModelTokenizer:
 
     def decode_single_token_bytes(self, token):  # a token alone that ends mid-character decodes to U+FFFD
         return self.decode([token]).encode()
+
+
+def folder_tokenizer(model_dir):
+    """A model folder's tokenizer.json, ending documents with the end-of-text token its configs name."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: ropelab reads a model's tokenizer from its tokenizer.json "
+                        "(the fast tokenizer file of the Hugging Face layout)")
+    try:
+        text = path.read_bytes().decode()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is damaged (not UTF-8 at byte {e.start})") from None
+    tokenizer = ModelTokenizer(text, None, path)
+    tokenizer.eot_token = end_of_text(model_dir, tokenizer.tok)
+    return tokenizer
+
+
+def run_tokenizer(ckpt):
+    """The tokenizer of a run's text: a converted model's own (its checkpoint holds it), else GPT-2's BPE
+    cut to the run's vocabulary."""
+    if record := ckpt.get("pretrained"):
+        return ModelTokenizer(record["tokenizer_json"], record["eot_token"], "the checkpoint's tokenizer.json")
+    return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])

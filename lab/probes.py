@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from data.dataset import doc_windows, in_tokens, load_split
 from data.synthetic import mqar_rows, random_vocab
+from data.tokenizer import run_tokenizer
 from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
                           parse_pairs, unavailable, usable)
 from lab.stats import RETRIEVES
@@ -25,7 +26,7 @@ from rope import frequencies
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
 from common import (UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
                     unless_check, weights_id)
-from runtime import load_run, run_tokenizer
+from runtime import load_run
 from wandb_runs import log_results, probe_metrics, ready_to_log
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")

@@ -32,7 +32,6 @@ from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot, write_all
 from eval.score import score_cropped, score_rows
-from pretrained import is_model_folder
 from runtime import load_run
 from wandb_runs import key, log_results
 
@@ -159,15 +158,15 @@ def yarn_protocol(model, tokens, docs, L, rotary_dim, lengths, methods, crops):
 
 def members(path, seeds):
     """[(L model, its 4L fine-tune or None)] per seed: a rung folder's code_small_seed<k> and code_yarn4x_seed<k>, or
-    one run (a run folder or a model folder) alone."""
+    one run folder alone (a converted pretrained model's too)."""
     if (path / "code_small_seed0").is_dir():
         pairs = [(path / f"code_small_seed{k}", path / f"code_yarn4x_seed{k}") for k in range(seeds)]
     else:
         pairs = [(path, None)]
     for run in (r for pair in pairs for r in pair if r is not None):  # hashed once, later, by evaluate_seed
-        if not ((run / "ckpt.pt").is_file() or is_model_folder(run)):
-            raise UserError(f"{run} holds no checkpoint or model weights: train it first (docs/experiments.md, the "
-                            "regime ladder) or give a run folder or model folder")
+        if not (run / "ckpt.pt").is_file():
+            raise UserError(f"{run} holds no checkpoint: train it first (docs/experiments.md, the regime ladder), "
+                            "or convert a model folder (python pretrained.py MODEL_DIR --out RUN_DIR)")
     return pairs
 
 
@@ -407,7 +406,7 @@ def metrics(per_rung):
 def main(argv):
     p = command_parser(__doc__, "out", "device", "wandb", out="out/protocols", wandb_log="true")
     p.add_argument("rungs", nargs="+", help="rung folders, each with code_small_seed<k> and code_yarn4x_seed<k>; or "
-                                             "run folders or model folders, each read alone")
+                                             "run folders, each read alone")
     p.add_argument("--seeds", default="2", help="seeds per rung (default 2)")
     p.add_argument("--units", default="auto", help="units of 8L + 1 tokens (and documents for YaRN's) per seed: a number "
                                                    "or auto, 2,048 / L and at least 16 (default auto)")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The Pythia ladder (docs/pretrained.md): every model folder read at 1x, 2x and 4x of its trained length L
-# (2,048 for Pythia) on the same held-out text, prepared once with the models' shared tokenizer. Two readings:
+# The Pythia ladder (docs/pretrained.md): every model folder converted once into a run (OUT/<name>, kept: a
+# second call reads it again) and read at 1x, 2x and 4x of its trained length L (2,048 for Pythia) on the same
+# held-out text, prepared once with the first model's tokenizer (the others must share it). Two readings:
 # eval/extrapolate.py (windows from position 0, exact crop strided by L/8), and lab/context.py --targets L,
 # which is bojone's protocol (the final L tokens of each window scored in one forward of 1x, 2x or 4x L) with
 # exact crop on the same targets. Then one comparison across the models, and lab/protocols.py's decomposition of
@@ -15,25 +16,24 @@ text=${1:?$usage}; out=${2:?$usage}; shift 2
 [ $# -gt 0 ] || { echo "pythia.sh: give at least one model folder; $usage" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)  # the scripts run from any folder; paths stay the caller's
 methods=${METHODS:-none,crop,pi,ntk,yarn,llama3,self-extend,rerope}
-for model in "$@"; do  # the first prepares the text; the others share its tokenizer and only record it
-  python "$root/data/text/prepare.py" "$text" --out_dir "$out/heldout" --tokenizer "$model" \
-      --val_fraction "${VAL_FRACTION:-0.1}"
-done
+python "$root/data/text/prepare.py" "$text" --out_dir "$out/heldout" --tokenizer "$1" \
+    --val_fraction "${VAL_FRACTION:-0.1}"
 dirs=()
 for model in "$@"; do
   start=$SECONDS
-  name=$(basename "$model")
+  run=$out/$(basename "$model")
+  [ -f "$run/ckpt.pt" ] || python "$root/pretrained.py" "$model" --out "$run" --dataset "$out/heldout"
   L=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['max_position_embeddings'])" \
       "$model/config.json")
-  python "$root/eval/extrapolate.py" "$model" --lengths 1,2,4 --protocols windows --methods "$methods" \
-      --tokens "${TOKENS:-$((8 * L))}" --out "$out/$name" --no-wandb
-  python "$root/lab/context.py" "$model" --contexts 1,2,4 --targets "$L" --units "${UNITS:-32}" \
-      --methods "$methods" --out "$out/$name"
-  dirs+=("$out/$name")
-  echo "pythia.sh: $name read in $((SECONDS - start)) s"
+  python "$root/eval/extrapolate.py" "$run" --lengths 1,2,4 --protocols windows --methods "$methods" \
+      --tokens "${TOKENS:-$((8 * L))}" --no-wandb
+  python "$root/lab/context.py" "$run" --contexts 1,2,4 --targets "$L" --units "${UNITS:-32}" \
+      --methods "$methods"
+  dirs+=("$run")
+  echo "pythia.sh: $run read in $((SECONDS - start)) s"
 done
 python "$root/eval/compare.py" "${dirs[@]}" --out "$out/compare"
 # bojone's protocol with exact crop beside, decomposed: the handicap, each method minus crop at 2L and 4L, the
 # swapped prefix's distortion and what each reads past L (lab/protocols.py; docs/methodology.md)
-python "$root/lab/protocols.py" "$@" --protocols bojone --docs "${DOCS:-test}" --units "${UNITS:-32}" --out "$out/protocols" \
+python "$root/lab/protocols.py" "${dirs[@]}" --protocols bojone --docs "${DOCS:-test}" --units "${UNITS:-32}" --out "$out/protocols" \
     --no-wandb

@@ -1,6 +1,6 @@
 """What reading a long input costs, per method: targets scored per second and peak memory for one window of
 each length, through eval/score.py's path (crop: its strided truncation windows), on a model of Pythia-160M's
-shape with random weights (the cost does not depend on the weights), or on a model folder's.
+shape with random weights (the cost does not depend on the weights), or on a run's (a converted model's).
 
     python lab/read_cost.py [--model DIR] [--lengths 2,4] [--methods none,crop,yarn,...] [--device cpu]
 
@@ -15,16 +15,16 @@ import torch
 
 
 from common import command_parser, parse_list, pick_device, run_cli
+from config import gpt_config
 from eval.methods import METHODS, forward_args, split_method
 from eval.score import score_units
 from model import GPT
-from pretrained import config_of
 from runtime import load_checkpoint, model_from_checkpoint
 
-PYTHIA_160M = dict(  # its config.json
-    model_type="gpt_neox", vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-    intermediate_size=3072, max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000,
-    use_parallel_residual=True, layer_norm_eps=1e-5, tie_word_embeddings=False)
+PYTHIA_160M = dict(  # its config.json as pretrained.py converts it
+    vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=2048, pos_emb="rope", rope_layout="half",
+    rope_base=10000.0, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25}, norm="layernorm",
+    norm_eps=1e-5, biases=True, mlp="gelu", mlp_hidden=3072, parallel_residual=True, tie_embeddings=False)
 
 
 def memory_kib(field):
@@ -66,7 +66,7 @@ def read_cost(args):
         model = model_from_checkpoint(load_checkpoint(args["model"]))
     else:
         torch.manual_seed(0)
-        model = GPT(config_of(PYTHIA_160M, "Pythia-160M's shape")[1])
+        model = GPT(gpt_config(PYTHIA_160M))
     model = model.to(device).eval()
     L = model.config.block_size
     stride = max(1, L // 8)  # extrapolate.py's default crop stride
@@ -91,7 +91,7 @@ def read_cost(args):
 
 def parse_args(argv):
     p = command_parser(__doc__, "device")
-    p.add_argument("--model", default=None, help="a model folder (Hugging Face layout) or run folder "
+    p.add_argument("--model", default=None, help="a run folder, a converted model's say "
                                                  "(default: Pythia-160M's shape, random weights)")
     p.add_argument("--lengths", default="2,4", help="multiples of the trained length (default 2,4)")
     p.add_argument("--methods", default="none,crop,yarn,self-extend,rerope,dynamic-ntk (causal)",

@@ -1,7 +1,8 @@
-"""A Hugging Face model folder read into this repo's GPT (pretrained.py) gives transformers' numbers: the same
-logits for each family, the same per-position NLL under each rope_scaling type; a bad folder is one line;
-every command reads it, with the text its own tokenizer prepared. Every model is a tiny one built by
-transformers from a config, with random weights and a tokenizer trained here: nothing is downloaded."""
+"""A Hugging Face model folder converted into a run of this repo's GPT (pretrained.py) gives transformers'
+numbers: the same logits for each family, the same per-position NLL under each rope_scaling type; a bad
+folder is one line; every command reads the run, with the text its own tokenizer prepared. Every model is a
+tiny one built by transformers from a config, with random weights and a tokenizer trained here: nothing is
+downloaded."""
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from common import UserError
 from data.dataset import get_rows
+from pretrained import convert
 from runtime import load_checkpoint, load_run, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +67,13 @@ def tokens(n=64, seed=0):
     return torch.randint(0, 300, (2, n), generator=torch.Generator().manual_seed(seed))
 
 
+def converted(folder, dataset=None):
+    """folder converted into the run folder beside it, <name>-run."""
+    return convert(folder, folder.with_name(folder.name + "-run"), dataset)
+
+
 def ours(folder):
-    return model_from_checkpoint(load_checkpoint(folder)).eval()
+    return model_from_checkpoint(load_checkpoint(converted(folder))).eval()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -133,7 +140,8 @@ def test_each_rope_scaling_gives_transformers_nll_by_position(tmp_path, family, 
 
 def refused(folder):
     with pytest.raises(UserError) as e:
-        load_checkpoint(folder)
+        converted(folder)
+    assert not folder.with_name(folder.name + "-run").exists()  # a failed conversion leaves no folder
     return str(e.value)
 
 
@@ -164,17 +172,90 @@ def test_missing_damaged_or_mismatched_weights_are_one_line(tmp_path):
     assert "has no *.safetensors weights" in refused(tmp_path / "m")
 
 
-def test_a_pretrained_folder_without_its_held_out_text_says_how_to_prepare_it(tmp_path):
+@pytest.mark.parametrize("family, key, message", [
+    ("llama", {"head_dim": 32}, "head_dim 32 is not hidden_size / num_attention_heads"),
+    ("qwen2", {"use_sliding_window": True}, "use_sliding_window (Qwen2's sliding window on some layers only)")])
+def test_a_key_the_gpt_cannot_read_is_one_line(tmp_path, family, key, message):
+    hf_model(tmp_path / "m", family)
+    path = tmp_path / "m" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **key}))
+    assert message in refused(tmp_path / "m")
+
+
+def test_a_run_is_converted_once_and_a_model_folder_given_as_a_run_says_so(tmp_path):
     hf_model(tmp_path / "m", "llama")
-    with pytest.raises(UserError, match=r"prepare.py SOURCE --name NAME --tokenizer"):
+    run = converted(tmp_path / "m")
+    before = (run / "ckpt.pt").read_bytes()
+    with pytest.raises(UserError, match=r"m-run already holds a run \(ckpt.pt\): give another --out"):
+        converted(tmp_path / "m")
+    assert (run / "ckpt.pt").read_bytes() == before
+    with pytest.raises(UserError, match=r"is a model folder, not a run: convert it once, python pretrained.py"):
         load_run(tmp_path / "m")
+    with pytest.raises(UserError, match=r"converted with no held-out text: python data/text/prepare.py SOURCE "
+                                        r"--name NAME --tokenizer .*, then python pretrained.py .* --dataset NAME"):
+        load_run(run)
+
+
+def test_a_failed_write_is_one_line_and_leaves_no_run(tmp_path, monkeypatch):
+    hf_model(tmp_path / "m", "llama")
+
+    def full_disk(state, f):  # what a write into a full disk raises midway
+        f.write(b"part of a checkpoint")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"cannot write .*m-run/ckpt.pt \(No space left on device\): free some"):
+        converted(tmp_path / "m")
+    assert not (tmp_path / "m-run").exists()
+
+
+def test_16_bit_weights_stay_16_bit_in_the_run_and_are_read_in_float32(tmp_path):
+    import copy
+    hf = hf_model(tmp_path / "m", "llama")
+    with torch.no_grad():  # weights a bf16 file holds exactly; the rotary tables stay float32
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16))
+    copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(tmp_path / "m")
+    ckpt = load_checkpoint(converted(tmp_path / "m"))
+    assert {t.dtype for t in ckpt["model"].values()} == {torch.bfloat16}
+    model = model_from_checkpoint(ckpt).eval()
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    with torch.no_grad():
+        assert (model(tokens())[0] - hf(tokens()).logits).abs().max() < 1e-4
+
+
+def test_a_converted_run_needs_nothing_of_its_model_folder(tmp_path):
+    import shutil
+    import sample
+    from tokenizers import Tokenizer
+    hf_model(tmp_path / "m", "gpt_neox")
+    tok = Tokenizer.from_file(str(tmp_path / "m" / "tokenizer.json"))
+    run = converted(tmp_path / "m")
+    shutil.rmtree(tmp_path / "m")
+    samples = sample.sample(sample.parse_args([str(run), "--max_new_tokens", "4", "--prompt", "the model",
+                                               "--device", "cpu"]))
+    assert samples[0].startswith("the model") and tok.decode(tok.encode(samples[0]).ids) == samples[0]
+
+
+def test_a_model_naming_no_end_of_text_token_samples_from_a_prompt_only(tmp_path):
+    import sample
+    from data.text.prepare import prepare
+    hf_model(tmp_path / "m", "qwen2")  # transformers' Qwen2 config names no eos_token_id
+    run = converted(tmp_path / "m")
+    assert sample.sample(sample.parse_args([str(run), "--max_new_tokens", "2", "--prompt", "the", "--device", "cpu"]))
+    with pytest.raises(UserError, match="names no end-of-text token to start a new document: give --prompt"):
+        sample.sample(sample.parse_args([str(run), "--max_new_tokens", "2", "--device", "cpu"]))
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text")
+    with pytest.raises(UserError, match="no end-of-text token .*: documents need one between them"):
+        prepare(tmp_path / "texts", out_dir=tmp_path / "data", tokenizer=tmp_path / "m", workers=1)
 
 
 # ----------------------------------------------------------------------------- its tokenizer, every command
 
 @pytest.fixture(scope="module")
 def pythia(tmp_path_factory):
-    """A tiny random GPT-NeoX folder, with held-out text prepared by its tokenizer (2 of 8 documents)."""
+    """A tiny random GPT-NeoX folder converted into a run, reading held-out text prepared by its tokenizer
+    (2 of 8 documents)."""
     from data.text.prepare import prepare
     root = tmp_path_factory.mktemp("pythia")
     hf_model(root / "model", "gpt_neox", max_position_embeddings=16)
@@ -184,29 +265,32 @@ def pythia(tmp_path_factory):
     for i in range(8):
         (texts / f"doc{i}.txt").write_text(" ".join(words[i * 400:(i + 1) * 400]))
     prepare(texts, out_dir=root / "data", val_fraction=0.25, tokenizer=root / "model", workers=1)
-    return root / "model"
+    return converted(root / "model", str(root / "data"))
 
 
-def test_held_out_text_is_tokenized_by_the_model_and_recorded_in_its_folder(pythia):
+def test_held_out_text_is_tokenized_by_the_model_and_recorded_in_its_run(pythia):
     import hashlib
     from tokenizers import Tokenizer
     model, ckpt, folder = load_run(pythia)
     meta = json.loads((folder / "meta.json").read_text())
-    tok = Tokenizer.from_file(str(pythia / "tokenizer.json"))
-    sha = hashlib.sha256((pythia / "tokenizer.json").read_bytes()).hexdigest()
+    source = pythia.with_name("model") / "tokenizer.json"
+    tok, sha = Tokenizer.from_file(str(source)), hashlib.sha256(source.read_bytes()).hexdigest()
     assert meta["tokenizer"] == {"tokenizer.json": sha} and meta["vocab_size"] == tok.get_vocab_size()
     assert meta["eot_token"] == 2  # transformers' default eos_token_id
+    assert ckpt["pretrained"]["tokenizer"] == meta["tokenizer"] and ckpt["config"]["dataset"] == str(folder)
     assert ckpt["pretrained"]["family"] == "gpt_neox" and model.config.parallel_residual
 
 
 def test_a_corpus_tokenized_otherwise_is_refused_in_one_line(pythia, dataset, tmp_path):
-    import shutil
-    other = tmp_path / "model"
-    shutil.copytree(pythia, other)
     gpt2_text = str(Path(dataset).resolve())
-    (other / "ropelab.json").write_text(json.dumps({"dataset": gpt2_text}))
+    with pytest.raises(UserError, match="--dataset .* was tokenized with gpt2, not .*tokenizer.json: its ids would"):
+        convert(pythia.with_name("model"), tmp_path / "other", gpt2_text)
+    ckpt = load_checkpoint(pythia)  # a run whose record was edited after conversion: refused when read too
+    ckpt["config"]["dataset"] = gpt2_text
+    (tmp_path / "edited").mkdir()
+    torch.save(ckpt, tmp_path / "edited" / "ckpt.pt")
     with pytest.raises(UserError, match="tokenized with gpt2, not .*tokenizer.json: its ids would"):
-        load_run(other)
+        load_run(tmp_path / "edited")
 
 
 def test_every_command_reads_a_model_folder_with_every_method(pythia, tmp_path):
@@ -231,7 +315,7 @@ def test_every_command_reads_a_model_folder_with_every_method(pythia, tmp_path):
     assert {r["probe"] for r in report["results"] if r["available"]} == {"copy", "passkey"}
     samples = sample.sample(sample.parse_args([str(pythia), "--max_new_tokens", "4", "--prompt", "the model",
                                                "--device", "cpu"]))
-    tok = Tokenizer.from_file(str(pythia / "tokenizer.json"))  # the model's tokens, decoded by its tokenizer
+    tok = Tokenizer.from_file(str(pythia.with_name("model") / "tokenizer.json"))  # decoded by the model's
     assert samples[0].startswith("the model") and tok.decode(tok.encode(samples[0]).ids) == samples[0]
 
 
@@ -241,7 +325,7 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
     hf_model(tmp_path / "pythia-b", "gpt_neox", max_position_embeddings=16, hidden_size=32)  # a second rung
     env = dict(os.environ, METHODS="none,crop,yarn,rerope", UNITS="6", TOKENS="64", VAL_FRACTION="0.5", DOCS="all")
     proc = subprocess.run(["bash", str(ROOT / "lab" / "pythia.sh"), str(pythia.parent / "texts"),
-                           str(tmp_path / "out"), str(pythia), str(tmp_path / "pythia-b")],
+                           str(tmp_path / "out"), str(pythia.with_name("model")), str(tmp_path / "pythia-b")],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for rung in ("model", "pythia-b"):
@@ -252,8 +336,8 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
     assert (tmp_path / "out" / "compare" / "compare.md").is_file()
     page = (tmp_path / "out" / "protocols" / "shapes.md").read_text()
     assert "| pythia-b |" in page and "distortion (swapped, 4L)" in page
-    recorded = json.loads((tmp_path / "pythia-b" / "ropelab.json").read_text())
-    assert recorded == {"dataset": str((tmp_path / "out" / "heldout").resolve())}
+    recorded = load_checkpoint(tmp_path / "out" / "pythia-b")["config"]["dataset"]
+    assert recorded == str((tmp_path / "out" / "heldout").resolve())
 
 
 # ----------------------------------------------------------------------------- a vocabulary past uint16
@@ -285,6 +369,7 @@ def wide(tmp_path_factory):
     for i in range(8):
         (root / "texts" / f"doc{i}.txt").write_text(" ".join(words[i * 400:(i + 1) * 400]))
     prepare(root / "texts", out_dir=root / "data", val_fraction=0.25, tokenizer=root / "model", workers=1)
+    converted(root / "model", str(root / "data"))
     return root
 
 
@@ -305,7 +390,7 @@ def test_a_tokenizer_past_65536_ids_is_stored_as_uint32_and_its_ids_round_trip(w
 def test_a_uint32_corpus_is_read_by_evaluation_and_training(wide, tmp_path):
     import train
     from eval import extrapolate
-    extrapolate.main([str(wide / "model"), "--lengths", "1,2", "--methods", "none,crop,yarn",
+    extrapolate.main([str(wide / "model-run"), "--lengths", "1,2", "--methods", "none,crop,yarn",
                       "--tokens", "64", "--out", str(tmp_path / "x"), "--no-wandb", "--device", "cpu"])
     report = json.loads((tmp_path / "x" / "extrapolation.json").read_text())
     assert {r["method"] for r in report["results"] if r["available"] and r["ppl"]} == {"none", "crop", "yarn"}

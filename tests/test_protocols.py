@@ -115,5 +115,5 @@ def test_one_run_alone_reads_the_protocols_asked_for(rung, tmp_path):
     assert set(result) == {"ids", "L", "units", "bojone"} and result["ids"]["protocols"] == ["bojone"]
     page = (tmp_path / "one" / "shapes.md").read_text()
     assert "bojone/rerope's protocol" in page and "YaRN's protocol" not in page
-    with pytest.raises(UserError, match="holds no checkpoint or model weights"):
+    with pytest.raises(UserError, match="holds no checkpoint: train it first .* or convert a model folder"):
         protocols.main([str(tmp_path), "--no-wandb", "--out", str(tmp_path / "none")])

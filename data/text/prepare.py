@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from data.dataset import VOCAB_SIZE, builtin
 from data.writer import claim_corpus, is_prepared, val_by_hash, write_dataset, write_documents
-from data.tokenizer import DATA_FILE, GPT2_VOCAB_SIZE, ModelTokenizer
-from common import UserError, command_parser, run_cli, write_atomic
+from data.tokenizer import GPT2_VOCAB_SIZE, folder_tokenizer
+from common import UserError, command_parser, run_cli
 
 SEED = 0
 DATA_ROOT = Path(__file__).resolve().parents[1]  # data/
@@ -166,7 +166,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
             overwrite=False, tokenizer=None):
     """Tokenize source into out_dir (default data/<name>), checking every option; a no-op if prepared from the same inputs,
     an error if another corpus is there (unless overwrite). tokenizer: a pretrained model's folder, whose
-    tokenizer.json tokenizes instead of GPT-2's BPE; the folder then records this corpus (DATA_FILE)."""
+    tokenizer.json tokenizes instead of GPT-2's BPE (pretrained.py --dataset then reads the model with it)."""
     source = str(source)
     name = name or default_name(source)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -200,7 +200,10 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
         print(f"{len(files)} files, {sum(p.stat().st_size for p in files):,} bytes from {path}")
     if tokenizer is not None and vocab_size is not None:
         raise UserError("--vocab_size cuts GPT-2's BPE; with --tokenizer the model's tokenizer sets it")
-    enc = ModelTokenizer(tokenizer) if tokenizer is not None else None
+    enc = folder_tokenizer(tokenizer) if tokenizer is not None else None
+    if enc and enc.eot_token is None:
+        raise UserError(f"{tokenizer}: no end-of-text token (config.json's eos_token_id, "
+                        "tokenizer_config.json's eos_token): documents need one between them")
     if enc:
         vocab_size = enc.n_vocab
     vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
@@ -209,7 +212,7 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
         same["tokenizer"] = enc.identity
     if is_prepared(out_dir, **same):
         print(f"{out_dir}: already prepared (vocab_size={vocab_size}, same inputs)")
-        return model_reads(tokenizer, out_dir)
+        return out_dir
     claim_corpus(out_dir, overwrite, **same)
     check_parquet(files, text_field)
     records = None if named else hf_records(spec, text_field) if hf else file_records(root, files, text_field)
@@ -220,16 +223,6 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     else:
         write_documents(record_documents(records, val_fraction, source), out_dir, vocab_size, origin, val_fraction,
                         SEED, workers, tokenizer=enc)
-    return model_reads(tokenizer, out_dir)
-
-
-def model_reads(model_dir, out_dir):
-    """Record out_dir in a model folder as the held-out text its commands read (no model folder: nothing)."""
-    if model_dir is not None:
-        dataset = out_dir.name if out_dir.resolve().parent == DATA_ROOT else str(out_dir.resolve())
-        path = Path(model_dir) / DATA_FILE
-        write_atomic(path, lambda f: f.write((json.dumps({"dataset": dataset}) + "\n").encode()))
-        print(f"{path}: the model's commands read {dataset}")
     return out_dir
 
 
@@ -244,6 +237,6 @@ if __name__ == "__main__":
     parser.add_argument("--val_fraction", type=float, default=0.1, help="fraction of documents held out (default 0.1)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer threads (default: the CPU count, at most 8)")
     parser.add_argument("--tokenizer", default=None, help="a pretrained model's folder: tokenize with its "
-                        "tokenizer.json (its commands then read this corpus)")
+                        "tokenizer.json (then convert the model with pretrained.py --dataset NAME)")
     parser.add_argument("--overwrite", action="store_true", help="replace a corpus prepared in that folder from other inputs")
     run_cli("prepare.py", lambda: prepare(**vars(parser.parse_args())))
