@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 
-from eval.report import load_report, png, pyplot, write_all
+from eval.reading import load_report
+from eval.report import png, pyplot, write_all
 from lab.stats import LEVEL
 from lab.family import decide, declare, paired, past_l, reusable, shared_docs
 from common import (ROOT, UserError, claim_output, command_parser, json_text, parse_number, run_cli,

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 
-from eval.report import fmt, label, line_style, load_report, panels, plain_log_labels, png, pyplot, write_all
+from eval.reading import load_report, plain_log_labels
+from eval.report import fmt, label, line_style, panels, png, pyplot, write_all
 from eval.methods import METHODS
 from lab.family import decide, declare, paired, past_l, reusable, shared_docs
 from lab.stats import LEVEL, blocks, interval, ratio_interval
