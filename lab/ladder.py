@@ -118,7 +118,7 @@ def contrasts(rungs, seeds, chosen):
             family.append(declare("ceiling", rung.name, "ceiling: full context - crop-L", "crop-L", T, gain, docs, MARGIN))
             for m in ["none", *methods]:
                 family.append(declare("crop", rung.name, m, "crop", T, paired(past, past, (m, T), None, "diff_crop"), docs, MARGIN))
-    return decide([c for c in family if c])
+    return decide(family)
 
 
 def markdown(facts, tried, chosen, rows, seeds, n_boot, command):

@@ -197,7 +197,7 @@ def family(table, groups, last):
             for m in (k.split("@")[0] for k in table[recipe][last] if k.endswith(f"@{x}") and not k.startswith("crop")):
                 d = arr(table, recipe, last, f"{m}@{x}", "past_run") - arr(table, recipe, last, f"crop@{x}", "past_run")
                 out.append(declare("crop", recipe, m, "crop", x, list(d), groups[f"crop@{x}"], MARGIN))
-    return decide([c for c in out if c])
+    return decide(out)
 
 
 def row(rows, recipe, ref, x):

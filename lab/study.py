@@ -174,7 +174,7 @@ def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
             for name, T in past[0]:
                 family.append(declare("control", config, f"{name} - {control} crop", f"{control} crop", T,
                                       paired(past, ref, (name, T), ("crop", T), "loss_beyond_train"), docs[T], margin))
-    return [c for c in family if c]
+    return family
 
 
 def ceiling_shares(reports, control, ceiling):
@@ -228,15 +228,16 @@ def probe_contrasts(probes, pairs=PAIRS, control=None, margin=RATE_MARGIN):
             for probe, method, d in per[0]:
                 family.append(declare("probe", config, f"{probe}: {method} - {control} none", f"{control} none", d,
                                       paired(per, ref, (probe, method, d), (probe, "none", d), "hits"), None, margin))
-    return [c for c in family if c]
+    return family
 
 
 def distinct(family):
     """(kept, dropped): a contrast whose two sides agree on every unit of every seed (zero by construction, e.g. crop
     against none inside L) or whose values repeat an earlier contrast's (dynamic-ntk in sequence mode scores a full
-    window exactly as ntk does) leaves the family, with the reason; it could only make the family larger."""
+    window exactly as ntk does) leaves the family, with the reason; it could only make the family larger. A
+    contrast no seed has (declare's None) is in neither."""
     kept, dropped, seen = [], [], {}
-    for c in family:
+    for c in filter(None, family):
         key = (c["values"].shape, (np.round(c["values"], 9) + 0.0).tobytes())  # + 0.0: -0.0 is 0
         if not c["values"].any():
             reason = "zero in every unit of every seed"
@@ -257,7 +258,7 @@ def contrasts(reports, probes=None, control=None, pairs=PAIRS, margin=MARGIN, ra
     together (decide): {family, family_size, replicates, holm_alpha, margin, rate_margin, rows, dropped}."""
     family, dropped = distinct(loss_contrasts(reports, pairs, control, margin) +
                                probe_contrasts(probes or {}, pairs, control, rate_margin))
-    rows, n_boot = decide(family) if family else ([], 0)
+    rows, n_boot = decide(family)
     pairs = [(a, b) for a, b in pairs if any(c["method"].endswith(f"{a} - {b}") for c in family)]  # those the runs have
     what = ["every method but crop minus crop past L, at every length past L in every config",
             *(f"{a} minus {b} past L" for a, b in pairs)]
