@@ -200,27 +200,3 @@ def extrapolation_metrics(report):
     rows = [dict(position=p, position_over_L=p / L, **values) for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
     return summary, rows
 
-
-def probe_metrics(report):
-    """Summary of a lab/probes.py report: copy and MQAR top-1 by distance, passkey exact match by length (mean over
-    depths), each a multiple of L, per method; and whether the run copies inside L."""
-    L, cells = report["train_len"], {}
-    for r in (r for r in report["results"] if r["available"] and r["probe"] in ("copy", "mqar", "passkey")):
-        at, value = ("eval_len", "exact") if r["probe"] == "passkey" else ("distance", "top1")
-        cells.setdefault(key(f"{r['probe']}_{value}", times(r[at], L), r["method"]), []).append(r[value])
-    summary = {k: sum(v) / len(v) for k, v in cells.items()}
-    if (c := report.get("retrieval")) and c["inside_top1"] is not None:
-        summary.update(copy_top1_inside_L=c["inside_top1"], **({} if c["retrieves"] is None else {"copies": int(c["retrieves"])}))
-    return summary
-
-
-def contrast_metrics(contrasts, train_lens):
-    """Summary of a study's decided contrasts: contrast/<config>/<a>_minus_<b>/<n>x/{mean,lo,hi,p,decision}, n the
-    length (loss) or distance (probes) as a multiple of the config's L (train_lens: {config: L})."""
-    summary = {}
-    for c in contrasts["rows"]:
-        what = c["method"] if " - " in c["method"] else f"{c['method']} - {c['ref']}"
-        at = key("contrast", c["config"], what.replace(" - ", "_minus_").replace(": ", "_"), times(c["at"], train_lens[c["config"]]))
-        summary.update({f"{at}/{k}": c[k] for k in ("mean", "lo", "hi", "p")})
-        summary[f"{at}/decision"] = c["decision"] if c["decision"] != "undecided" else c["equivalence"]
-    return summary

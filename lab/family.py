@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from common import ROOT, UserError, weights_id
-from eval.report import label, stale
+from eval.reading import stale
+from eval.report import label
 from lab.stats import both, documents, interval, replicates, seed_test
 
 
@@ -91,9 +92,13 @@ def paired(mine, theirs, a, b, metric):
 
 
 def decide(family):
-    """Each contrast's interval, bootstrap p, seed-level t-test and TOST, the family decided by Holm on both tests:
-    "lower/higher than ref" where both reject, else "equivalent within +-margin" where both one-sided pairs reject
-    (Holm over the family too), else "no difference found". Replicates: enough for Holm's smallest threshold."""
+    """(rows, replicates): each contrast's interval, bootstrap p, seed-level t-test and TOST, the family
+    decided by Holm on both tests: "lower/higher than ref" where both reject, else "equivalent within
+    +-margin" where both one-sided pairs reject (Holm over the family too), else "no difference found". A
+    contrast no seed has (declare's None) is not in the family; no family: ([], 0). Replicates: enough for
+    Holm's smallest threshold."""
+    if not (family := [c for c in family if c]):
+        return [], 0
     n_boot = replicates(len(family))
     tested = [(interval(c["values"], c["groups"], n_boot, margin=c["margin"]), seed_test(c["values"], c["margin"]) or {})
               for c in family]

@@ -27,7 +27,8 @@ from lab.trials import KEY_DIGITS, copy_trials, passkey_row
 from common import (UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
                     unless_check, weights_id)
 from runtime import load_run
-from wandb_runs import log_results, probe_metrics, ready_to_log
+from lab.pages import probe_metrics
+from wandb_runs import log_results, ready_to_log
 
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already

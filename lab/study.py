@@ -10,14 +10,16 @@ from pathlib import Path
 import numpy as np
 
 
-from eval.report import fmt, label, line_style, load_report, panels, plain_log_labels, png, pyplot, write_all
+from eval.reading import load_report, plain_log_labels
+from eval.report import label, line_style, panels, png, pyplot
 from eval.methods import METHODS
 from lab.family import decide, declare, paired, past_l, reusable, shared_docs
+from lab.pages import contrast_metrics, generated, interval_text, log_page, verdict, write_page
 from lab.stats import LEVEL, blocks, interval, ratio_interval
-from common import (ROOT, UserError, claim_output, command_parser, data_dir, json_text, parse_number, run_cli,
+from common import (ROOT, UserError, claim_output, command_parser, data_dir, parse_number, run_cli,
                     shared_values, weights_id)
 from runtime import load_checkpoint, provenance_changes
-from wandb_runs import contrast_metrics, log_results, ready_to_log
+from wandb_runs import ready_to_log
 from config import load_config
 from data.dataset import load_meta
 
@@ -173,7 +175,7 @@ def loss_contrasts(reports, pairs=PAIRS, control=None, margin=MARGIN):
             for name, T in past[0]:
                 family.append(declare("control", config, f"{name} - {control} crop", f"{control} crop", T,
                                       paired(past, ref, (name, T), ("crop", T), "loss_beyond_train"), docs[T], margin))
-    return [c for c in family if c]
+    return family
 
 
 def ceiling_shares(reports, control, ceiling):
@@ -195,8 +197,7 @@ def ceiling_shares(reports, control, ceiling):
 def shares_section(shares, control, ceiling, L):
     if not shares:
         return None
-    cells = [((control, r["method"]), r["eval_len"], "n/a" if r["mean"] is None else
-              f"{r['mean']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}]") for r in shares]
+    cells = [((control, r["method"]), r["eval_len"], interval_text(r, ".2f")) for r in shares]
     gains = ", ".join(f"{r['eval_len'] / L:g}x {r['gain']:+.4f}" for r in shares if r["method"] == shares[0]["method"])
     return (f"### Share of the ceiling's gain each method recovers, past L\n\n(crop - method) / (crop - ceiling) over "
             f"the same targets: crop and the method are {control}'s, the ceiling is {ceiling} read with its full context. "
@@ -227,15 +228,16 @@ def probe_contrasts(probes, pairs=PAIRS, control=None, margin=RATE_MARGIN):
             for probe, method, d in per[0]:
                 family.append(declare("probe", config, f"{probe}: {method} - {control} none", f"{control} none", d,
                                       paired(per, ref, (probe, method, d), (probe, "none", d), "hits"), None, margin))
-    return [c for c in family if c]
+    return family
 
 
 def distinct(family):
     """(kept, dropped): a contrast whose two sides agree on every unit of every seed (zero by construction, e.g. crop
     against none inside L) or whose values repeat an earlier contrast's (dynamic-ntk in sequence mode scores a full
-    window exactly as ntk does) leaves the family, with the reason; it could only make the family larger."""
+    window exactly as ntk does) leaves the family, with the reason; it could only make the family larger. A
+    contrast no seed has (declare's None) is in neither."""
     kept, dropped, seen = [], [], {}
-    for c in family:
+    for c in filter(None, family):
         key = (c["values"].shape, (np.round(c["values"], 9) + 0.0).tobytes())  # + 0.0: -0.0 is 0
         if not c["values"].any():
             reason = "zero in every unit of every seed"
@@ -256,7 +258,7 @@ def contrasts(reports, probes=None, control=None, pairs=PAIRS, margin=MARGIN, ra
     together (decide): {family, family_size, replicates, holm_alpha, margin, rate_margin, rows, dropped}."""
     family, dropped = distinct(loss_contrasts(reports, pairs, control, margin) +
                                probe_contrasts(probes or {}, pairs, control, rate_margin))
-    rows, n_boot = decide(family) if family else ([], 0)
+    rows, n_boot = decide(family)
     pairs = [(a, b) for a, b in pairs if any(c["method"].endswith(f"{a} - {b}") for c in family)]  # those the runs have
     what = ["every method but crop minus crop past L, at every length past L in every config",
             *(f"{a} minus {b} past L" for a, b in pairs)]
@@ -292,7 +294,7 @@ def unit_widths(reports, sizes=BLOCKS):
 
 def cell(s, transform=lambda x: x, digits=2):
     """'mean [lo, hi]' of an interval, through transform (exp for perplexities: percentile intervals follow it); 'n/a': none."""
-    return "n/a" if s is None else "{} [{}, {}]".format(*(fmt(transform(s[k]), digits) for k in ("mean", "lo", "hi")))
+    return interval_text(s and {k: transform(s[k]) for k in ("mean", "lo", "hi")}, f".{digits}f")
 
 
 def table(cells, cols, L):
@@ -331,11 +333,12 @@ def section(title, rows, stat, seeds, unit, L, key=lambda r: (r["config"], label
                 + table([(key(r), at(r), cell(r[stat], transform, digits)) for r in rows], sorted({at(r) for r in rows}), L))
 
 
-def verdict(c):
-    """A contrast's cell: 'mean [lo, hi] decision, n seeds'."""
-    word = c["decision"].split()[0] if c["decision"] != "undecided" else \
-        "equivalent" if c["equivalence"].startswith("equivalent") else "no difference found"
-    return f"{cell(c, digits=3)} {word}, {c['seeds']} seeds"
+def contrast_cell(c):
+    """A contrast's cell: 'mean [lo, hi] decision, n seeds', the decision without its reference or margin (the
+    section's text has them)."""
+    said = verdict(c)
+    word = said if said == "no difference found" else said.split()[0]
+    return f"{interval_text(c, '.3f')} {word}, {c['seeds']} seeds"
 
 
 def declared_section(declared, L):
@@ -353,8 +356,8 @@ def declared_section(declared, L):
     for kinds, what, at in ((("crop", "pair", "control"), "loss minus the reference over the targets past L (nats), "
                              "windows protocol", "eval_len"), (("probe",), "probe top-1 differences, by distance", "distance")):
         if mine := [c for c in rows if c["kind"] in kinds]:
-            text.append(f"{what}:\n\n" + table([((c["config"], c["method"]), c[at], verdict(c)) for c in mine],
-                                                 sorted({c[at] for c in mine}), L))
+            cells = [((c["config"], c["method"]), c[at], contrast_cell(c)) for c in mine]
+            text.append(f"{what}:\n\n" + table(cells, sorted({c[at] for c in mine}), L))
     if declared["dropped"]:  # one line per method and reason: which configs, at which lengths or distances
         by = {}
         for d in declared["dropped"]:
@@ -434,15 +437,12 @@ def plot(rows):
 
 def log_wandb(study, out, png_path, md):
     """The study's own wandb run, in the group of its runs: the declared contrasts as summary metrics, the table and figure."""
-    import wandb
     cols = ["config", "protocol", "method", "eval_len"] + [f"{m}_{k}" for m in METRICS for k in ("mean", "lo", "hi", "p")]
     data = [[r["config"], r["protocol"], label(r), r["eval_len"]]
             + [(r[m] or {}).get(k) for m in METRICS for k in ("mean", "lo", "hi", "p")] for r in study["rows"]]
     train_lens = {r["config"]: r["train_len"] for r in study["rows"]}
-    log_results(out, dict(wandb_group=out.name, configs=study["configs"], seeds=study["seeds"]),  # its runs' group
-                contrast_metrics(study.get("contrasts") or {"rows": []}, train_lens), job_type="study",
-                media={"study/table": wandb.Table(columns=cols, data=data), "study/plot": wandb.Image(str(png_path)),
-                       "study/markdown": wandb.Html(f"<pre>{md}</pre>")})
+    log_page(out, "study", dict(configs=study["configs"], seeds=study["seeds"]),  # the group: its runs'
+             contrast_metrics(study["contrasts"]["rows"], train_lens), png_path, md, (cols, data))
 
 
 def from_root(path):
@@ -545,11 +545,10 @@ def study(args):
     shares = args["ceiling"] and ceiling_shares(reports, args["control"], args["ceiling"])
     result = dict(configs=list(reports), seeds=args["seeds"], confidence=LEVEL, rows=rows, probe_rows=probe_rows,
                   contrasts=declared, ceiling_shares=shares or None)
-    md = (f"# Study of {', '.join(reports)}: {args['seeds']} seeds\n\nGenerated by `{args['command']}`; "
-          "regenerate it with that command.\n\n" + markdown(rows, args["seeds"], probe_rows, declared, unit_widths(reports),
-                                                                      shares and (shares, args["control"], args["ceiling"])))
-    write_all(out, {"study.png": plot(rows), "study.json": json_text(result, indent=1) + "\n", "study.md": md})
-    print(md + f"-> {out}/study.{{json,md,png}}")
+    md = (f"# Study of {', '.join(reports)}: {args['seeds']} seeds\n\n{generated(args['command'])}\n\n"
+          + markdown(rows, args["seeds"], probe_rows, declared, unit_widths(reports),
+                     shares and (shares, args["control"], args["ceiling"])))
+    write_page(out, "study", md, result, plot(rows))
     if args["wandb_log"]:
         log_wandb(result, out, out / "study.png", md)
     return result

@@ -506,3 +506,21 @@ def test_the_ceiling_share_is_crop_minus_method_over_crop_minus_ceiling():
     (row,) = study.ceiling_shares(reports, "ctl", "top")
     assert (row["method"], row["eval_len"]) == ("yarn", 64) and row["mean"] == pytest.approx(0.25)
     assert row["gain"] == pytest.approx(0.4)
+
+
+def test_a_family_leaves_out_contrasts_no_seed_has():
+    values = [np.array([-0.1, -0.12, -0.09, -0.11])] * 3
+    c = family.declare("crop", "ft", "yarn", "crop", 64, values, None, 0.01)
+    assert family.declare("crop", "ft", "pi", "crop", 64, [None] * 3, None, 0.01) is None
+    (row,), n_boot = family.decide([None, c, None])
+    assert (row["method"], row["seeds"], row["units"]) == ("yarn", 3, 4) and n_boot == 10000
+    assert family.decide([None]) == ([], 0) and family.decide([]) == ([], 0)
+
+
+@pytest.mark.parametrize("decision, equivalence, word", [
+    ("lower than crop", None, "lower"), ("higher than cont crop", None, "higher"),
+    ("undecided", "equivalent within +-0.01", "equivalent"),
+    ("undecided", "no difference found", "no difference found")])
+def test_a_contrast_cell_says_the_decision_without_its_reference_or_margin(decision, equivalence, word):
+    c = dict(mean=-0.0123, lo=-0.02, hi=0.0049, seeds=3, decision=decision, equivalence=equivalence)
+    assert study.contrast_cell(c) == f"-0.012 [-0.020, 0.005] {word}, 3 seeds"  # no + sign: the study's
