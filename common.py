@@ -143,22 +143,6 @@ def parse_number(text, name, convert, minimum, maximum=None):
     return value
 
 
-def unique_runs(paths, what):
-    """paths, refused if one is given twice (the same run, however written): its data would count twice."""
-    seen = {}
-    for p in paths:
-        if (key := run_home(p).resolve()) in seen:
-            raise UserError(f"{what} {p} is given twice ({seen[key]} and {p}); give each once")
-        seen[key] = p
-    return paths
-
-
-def run_labels(paths, names):
-    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line per run."""
-    shared = {n for n in names if names.count(n) > 1}
-    return [str(p) if n in shared else n for p, n in zip(paths, names)]
-
-
 def run_home(run_dir):
     """The folder of a run given as its folder or its ckpt.pt: where its evaluations are written by default."""
     return Path(run_dir).parent if Path(run_dir).is_file() else Path(run_dir)

@@ -223,12 +223,6 @@ class Attend(nn.Module):
         return attention(q, k, v, pos, ssmax, dropout)
 
 
-def attention_weights(q, k, v, pos, ssmax=None, dropout=0.0):
-    """`attention`'s probabilities [B, H, T, Tk] over Attend's inputs: its output for v the identity."""
-    eye = torch.eye(k.size(2), dtype=v.dtype, device=v.device).expand(*k.shape[:2], -1, -1)
-    return attention(q, k, eye, pos, ssmax)
-
-
 def forward_positions(method, config, start, T, kinds, device, cache):
     """{nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model) over T queries after
     `start` cached ones: every table a forward needs, built once."""

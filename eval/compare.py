@@ -4,9 +4,9 @@ writes compare.md and compare.png into --out. The default, diff_crop: the loss m
 import sys
 
 
-from eval.reading import load_report, plain_log_labels
+from eval.reading import load_report, plain_log_labels, run_labels, unique_runs
 from eval.report import fmt, label, line_style, png, pyplot, signed, write_all
-from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values
+from common import UserError, claim_output, command_parser, run_cli, shared_values
 
 METRICS = {"diff_crop": "loss minus crop past L (nats)", "ppl_beyond_train": "perplexity past L",
            "ppl": "perplexity over all tokens (inside L too)"}

@@ -85,7 +85,6 @@ METHODS_TABLE = {
 }
 METHODS = tuple(METHODS_TABLE)
 FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.default)  # the default list (pairs needs --pair_factors)
-ANY_ENCODING = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == POS_EMBS)  # on the input or on attention
 MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
 
 

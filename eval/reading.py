@@ -1,6 +1,6 @@
 """Reading eval/extrapolate.py's reports back, for the commands that compare runs (eval/compare.py; the lab's
-study, ladder and their families): each checked against the weights its run holds now; and the log axis their
-figures share. Off the quick start's path: extrapolate.py writes reports, it never reads one back."""
+study, ladder and their families): each checked against the weights its run holds now; the runs given, each
+once and labelled; and the log axis their figures share. Off the quick start's path: extrapolate.py writes reports, it never reads one back."""
 import json
 import math
 from pathlib import Path
@@ -69,3 +69,19 @@ def plain_log_labels(axis):
     from matplotlib import ticker
     axis.set_major_formatter(ticker.LogFormatter())
     axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def unique_runs(paths, what):
+    """paths, refused if one is given twice (the same run, however written): its data would count twice."""
+    seen = {}
+    for p in paths:
+        if (key := run_home(p).resolve()) in seen:
+            raise UserError(f"{what} {p} is given twice ({seen[key]} and {p}); give each once")
+        seen[key] = p
+    return paths
+
+
+def run_labels(paths, names):
+    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line per run."""
+    shared = {n for n in names if names.count(n) > 1}
+    return [str(p) if n in shared else n for p, n in zip(paths, names)]

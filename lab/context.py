@@ -30,8 +30,9 @@ from eval.score import score_cropped, score_rows
 from eval.summary import mean_stderr
 from lab.pages import generated, write_page
 from runtime import load_run
-from common import (MAX_FACTOR, UserError, claim_output, command_parser, unique_runs, parse_number,
-                    parse_list, run_cli, run_home, shared_values, weights_id)
+from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli,
+                    run_home, shared_values, weights_id)
+from eval.reading import unique_runs
 
 WHOLE = "whole-L"  # the whole-window reading at L: a baseline of this sweep, not a method of the forward
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",

@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 from eval.report import png, pyplot, write_all
-from common import UserError, claim_output, command_parser, unique_runs, run_cli, run_labels, shared_values
+from common import UserError, claim_output, command_parser, run_cli, shared_values
+from eval.reading import run_labels, unique_runs
 
 YLABELS = {"val": "validation loss", "copy_top1": "copy top-1 inside the training length"}
 

@@ -19,13 +19,12 @@ import numpy as np
 import torch
 
 
-from eval.reading import load_report
+from eval.reading import load_report, unique_runs
 from eval.report import png, pyplot
 from lab.stats import LEVEL
 from lab.family import decide, declare, paired, past_l, reusable, shared_docs
 from lab.pages import contrast_metrics, generated, interval_text, log_page, verdict, write_page
-from common import (ROOT, UserError, claim_output, command_parser, parse_number, run_cli, shared_values,
-                    unique_runs)
+from common import ROOT, UserError, claim_output, command_parser, parse_number, run_cli, shared_values
 from wandb_runs import ready_to_log
 
 LENGTHS = (2, 4)

@@ -22,8 +22,8 @@ from positions import AS_TRAINED, Method
 from lab.bound import first_negative
 from lab.pages import generated, interval_text, write_page
 from rope import frequencies, yarn_attention_factor
-from common import (UserError, claim_output, command_parser, unique_runs, parse_number, parse_list, run_cli,
-                    shared_values)
+from common import UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values
+from eval.reading import unique_runs
 
 CSV_FIELDS = ("variant", "distance", "factor", "top1", "lo", "hi", "bound_negative_at")
 

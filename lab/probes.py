@@ -14,13 +14,14 @@ from tqdm import tqdm
 from data.dataset import doc_windows, in_tokens, load_split
 from data.synthetic import mqar_rows, random_vocab
 from data.tokenizer import run_tokenizer
-from eval.methods import (ANY_ENCODING, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
+from eval.methods import (METHODS_TABLE, MASKS, METHODS, PAIRS_OPTION, check_pairs, forward_args,
                           parse_pairs, unavailable, usable)
 from lab.stats import RETRIEVES
 from eval.report import WEIGHTS, fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import score_rows
 from eval.summary import bin_edges, mean_stderr
-from positions import attention_weights
+from model import POS_EMBS
+from positions import attention
 from lab.bound import first_negative
 from rope import frequencies
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
@@ -30,10 +31,17 @@ from runtime import load_run
 from lab.pages import probe_metrics
 from wandb_runs import log_results, ready_to_log
 
+ANY_ENCODING = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == POS_EMBS)  # on the input or on attention
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
 CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_stderr", "top1", "top1_stderr",
               "exact", "exact_stderr", "trials", "available", "reason")
+
+
+def attention_weights(q, k, v, pos, ssmax=None, dropout=0.0):
+    """`attention`'s probabilities [B, H, T, Tk] over Attend's inputs: its output for v the identity."""
+    eye = torch.eye(k.size(2), dtype=v.dtype, device=v.device).expand(*k.shape[:2], -1, -1)
+    return attention(q, k, eye, pos, ssmax)
 
 
 def parse_args(argv):

@@ -15,9 +15,9 @@ from data.tokenizer import gpt2_tokenizer
 from lab import probes
 from lab.base_bound import smallest_base
 from lab.bound import first_negative, trained_freq
-from lab.probes import attention_entropy, pair_kind, recording_entropy, rotation_probe
+from lab.probes import attention_entropy, attention_weights, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig
-from positions import Method, attention_weights, visible
+from positions import Method, visible
 from rope import apply_rope, rope_tables
 from runtime import model_from_checkpoint
 
