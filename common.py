@@ -306,10 +306,12 @@ def weights_id(path):
     the same folder gets another id, so a result that records the id it read can be told from one of the
     weights there now."""
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
+    return file_sha256(path)[:16] if path.is_file() else None
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+            h.update(block)
+    return h.hexdigest()

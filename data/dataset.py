@@ -1,13 +1,12 @@
 """The prepared-dataset format (docs/reference.md, "Data") and its checked readers: batches and document windows. Its
 writer, for data/*/prepare.py, is data/writer.py."""
-import hashlib
 import json
 from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
 
-from common import UserError, write_atomic
+from common import UserError, file_sha256, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
@@ -15,14 +14,6 @@ VOCAB_SIZE = 2048  # GPT-2 BPE's first 2047 merges + EOT: the output layer domin
 SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's; else shakespeare_v<N>
 VERIFY_ONCE_BYTES = 1 << 30  # a file larger than this is hashed once, then trusted while its size and mtime stay
 UINT16_IDS = 1 << 16  # a vocabulary of up to this many ids is stored as uint16, else as uint32 (Llama 3)
-
-
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def shakespeare_vocab(name):

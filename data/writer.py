@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common import UserError, atomic, claim_output, release_outputs, remove_leftovers, write_atomic
-from data.dataset import DATA_FILES, SPLITS, UINT16_IDS, file_sha256, load_meta
+from common import UserError, atomic, claim_output, file_sha256, release_outputs, remove_leftovers, write_atomic
+from data.dataset import DATA_FILES, SPLITS, UINT16_IDS, load_meta
 from data.tokenizer import gpt2_tokenizer
 
 CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of about this many characters
