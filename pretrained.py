@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, claim_output, command_parser, data_dir, release_outputs, run_cli, write_atomic
+from common import UserError, command_parser, data_dir, release_outputs, run_cli, write_atomic
 from config import gpt_config
 from data.dataset import load_meta
 from data.tokenizer import folder_tokenizer
 from rope import ORIGINAL, scaling_type
+from runtime import claim_run_folder, run_files
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout"
@@ -271,10 +272,9 @@ def save(state, path):
 def convert(folder, out, dataset=None):
     """folder converted into the run folder out (out/ckpt.pt), once: a run already there is refused."""
     out = Path(out)
-    home = out.resolve()
-    claim_output(out, "pretrained", lock=home.with_name(f".{home.name}.lock"), in_use="one writer per run folder")
+    claim_run_folder(out, "pretrained", "one writer per run folder", "--out")
     try:
-        if held := [n for n in ("ckpt.pt", "log.jsonl") if (out / n).exists()]:
+        if held := run_files(out):
             raise UserError(f"{out} already holds a run ({', '.join(held)}): give another --out")
         run = run_of(folder, out.name, dataset)
         save(run, out / "ckpt.pt")

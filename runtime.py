@@ -284,6 +284,18 @@ def replace_run(out_dir, config):
     out_dir.mkdir()
 
 
+def claim_run_folder(out_dir, name, in_use, option):
+    """Make out_dir and hold its lock .<dir name>.lock beside it, the one lock of a run folder whatever writes
+    it (train.py, pretrained.py): the operating system's, gone with its process."""
+    home = Path(out_dir).resolve()
+    claim_output(out_dir, name, lock=home.with_name(f".{home.name}.lock"), option=option, in_use=in_use)
+
+
+def run_files(out_dir):
+    """The files of a run that out_dir holds (ckpt.pt, log.jsonl)."""
+    return [n for n in ("ckpt.pt", "log.jsonl") if (Path(out_dir) / n).exists()]
+
+
 @contextmanager
 def run_folder(config):
     """out_dir, made and locked for one training: the lock .<name>.lock beside it, the operating system's (it
@@ -293,13 +305,10 @@ def run_folder(config):
     out_dir = Path(config["out_dir"])
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
-    home = out_dir.resolve()
-    claim_output(out_dir, "train", lock=home.with_name(f".{home.name}.lock"), option="--out_dir",
-                 in_use="one training per out_dir")
+    claim_run_folder(out_dir, "train", "one training per out_dir", "--out_dir")
     try:
         settle_replaced(out_dir)  # an earlier replacement stopped half way
-        held = [n for n in ("ckpt.pt", "log.jsonl") if (out_dir / n).exists()]
-        held += [p.name for p in kept_folders(out_dir)]
+        held = run_files(out_dir) + [p.name for p in kept_folders(out_dir)]
         if config["init_from"] != "resume" and held:
             if not config["overwrite"]:
                 raise UserError(f"{out_dir} already holds a run ({', '.join(held)}): " + ("continue it with "
