@@ -215,7 +215,7 @@ def train(config):
         if wandb_run:
             wandb_run.finish()
     if ddp:  # the DDP wrapper holds the process group and sits in reference cycles: freed first, or gloo can
-        del model  # abort the process at exit (torch 2.13, about one run in four on a busy 2-core machine)
+        del model  # abort the process at exit (torch 2.13: a test run in 50 on a busy 2-core machine)
         gc.collect()
         destroy_process_group()
 
