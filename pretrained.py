@@ -16,7 +16,7 @@ import torch
 
 from common import UserError, command_parser, data_dir, release_outputs, run_cli, write_atomic
 from config import gpt_config
-from data.dataset import load_meta
+from data.dataset import check_tokenizer
 from data.tokenizer import folder_tokenizer
 from rope import ORIGINAL, scaling_type
 from runtime import claim_run_folder, run_files
@@ -239,11 +239,8 @@ def held_out_text(dataset, tokenizer, folder):
         return None
     if not data_dir(dataset).is_dir() and Path(dataset).is_dir():  # a folder named from here
         dataset = str(Path(dataset).resolve())
-    meta = load_meta(data_dir(dataset))
-    if meta["tokenizer"] != tokenizer.identity:
-        raise UserError(f"--dataset {dataset} was tokenized with {meta['tokenizer']}, not {folder}'s "
-                        f"tokenizer.json: its ids would mean other tokens; prepare it with the model's: "
-                        f"python data/text/prepare.py SOURCE --name NAME --tokenizer {folder}")
+    check_tokenizer(data_dir(dataset), tokenizer.identity, f"--dataset {dataset}", folder, "prepare it with the "
+                    f"model's: python data/text/prepare.py SOURCE --name NAME --tokenizer {folder}")
     return dataset
 
 

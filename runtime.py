@@ -12,7 +12,7 @@ import torch
 
 from common import (UserError, claim_output, data_dir, json_text, lock_holder, open_locked, release_outputs,
                     weights_id, write_atomic)
-from data.dataset import builtin, load_meta, load_split
+from data.dataset import builtin, check_tokenizer, load_meta, load_split
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MIN_BLOCK_SIZE, MODEL_KEYS, gpt_config
 from model import GPT, GPTConfig
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
@@ -121,9 +121,7 @@ def pretrained_run(run_dir, ckpt, device):
     if ckpt["config"]["dataset"] is None:
         raise UserError(f"{run_dir} was converted with no held-out text: {prepare}")
     folder = data_dir(ckpt["config"]["dataset"])
-    if (tokenizer := load_meta(folder)["tokenizer"]) != record["tokenizer"]:
-        raise UserError(f"data {folder} was tokenized with {tokenizer}, not {run_dir}'s tokenizer.json: its ids "
-                        f"would mean other tokens; {prepare}")
+    check_tokenizer(folder, record["tokenizer"], f"data {folder}", run_dir, prepare)
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder
 
 # ----------------------------------------------------------------------------- a training's run folder

@@ -55,6 +55,14 @@ def check_ids(meta, where, fix):
                         f"(uint16 up to {UINT16_IDS:,} ids, else uint32); {fix}")
 
 
+def check_tokenizer(data_dir, identity, what, model, fix):
+    """data_dir's text refused unless a model's tokenizer.json of that identity tokenized it: another tokenizer's ids
+    would mean other tokens. what: the text as the user named it; model: the model's folder or run; fix: what to do."""
+    if (theirs := load_meta(data_dir)["tokenizer"]) != identity:
+        raise UserError(f"{what} was tokenized with {theirs}, not {model}'s tokenizer.json: its ids would mean other "
+                        f"tokens; {fix}")
+
+
 def load_meta(data_dir, verify=True):
     """meta.json, and (verify) every data file checked against its size and sha256 (once, if over VERIFY_ONCE_BYTES)."""
     folder, fix = Path(data_dir), f"re-prepare it: {prepare_command(data_dir)}"
