@@ -28,15 +28,19 @@ import numpy as np
 
 from common import (UserError, claim_output, command_parser, json_text, parse_list, parse_number, run_cli,
                     shared_values, weights_id, write_atomic)
-from data.dataset import doc_windows, held_out, load_split
+from data.dataset import doc_windows, held_out, load_meta, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot
 from eval.score import score_cropped, score_rows
 from runtime import load_run
-from lab.pages import generated, log_page, write_page
+from lab.pages import generated, interval_text, log_page, write_page
+from lab.stats import interval
 from wandb_runs import key
 
 NTK_MIXED = (12.0, 0.75)  # bojone's ntk_patch.py: k and b
+SU_MIXED = "ntk-mixed:k=8:b=0.625"  # Su's own settings (kexue.fm/archives/9675 and 9706)
+LENGTHS = (1, 2, 3, 4)  # bojone's protocol: inputs of kL tokens
+COPY = 2  # Su's repeated texts: the first COPY * L tokens of a unit repeated to fill 8L
 PROTOCOLS = ("bojone", "yarn", "press", "su", "grid")
 
 
@@ -49,13 +53,21 @@ def ntk_mixed_factors(rotary_dim, k, b):
 
 def method(spec, L, run_len, length, rotary_dim, factor):
     """The positions.Method of a row: a method of eval/methods.py by its name and settings, '+logn' adding Su's log-n
-    (queries past L scaled by log(n) / log L, as rerope_patch.py and ntk_patch.py do), 'ntk-mixed' bojone's fixed form."""
+    (queries past L scaled by log(n) / log L, as rerope_patch.py and ntk_patch.py do), 'ntk-mixed' the fixed form with
+    its k and b as settings (ntk-mixed:k=8:b=0.625; bojone's 12 and 0.75 by default)."""
     name, logn = spec.removesuffix("+logn"), spec.endswith("+logn")
-    if name == "ntk-mixed":
-        how = forward_args("pairs", length, L, run_len, ntk_mixed_factors(rotary_dim, *NTK_MIXED))
+    if name.split(":")[0] == "ntk-mixed":
+        k, b = mixed_settings(name)
+        how = forward_args("pairs", length, L, run_len, ntk_mixed_factors(rotary_dim, k, b))
     else:
         how = forward_args(name, length, L, run_len, factor)
     return dataclasses.replace(how, logn_len=L) if logn else how
+
+
+def mixed_settings(name):
+    """(k, b) of 'ntk-mixed[:k=K][:b=B]'."""
+    given = dict(s.partition("=")[::2] for s in name.split(":")[1:])
+    return float(given.get("k", NTK_MIXED[0])), float(given.get("b", NTK_MIXED[1]))
 
 
 def bojone_methods(L, rotary_dim=None):
@@ -73,14 +85,34 @@ def read_rows(results):
 
 
 def su_methods(L):
-    """Su's rows: the baseline, NTK-RoPE-logn-mixed and ReRoPE at w = 256 of 512 (L/2), with and without log-n."""
-    return ["none", "ntk-mixed+logn", f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"]
+    """Su's rows: the baseline, NTK-RoPE-logn-mixed (Su's k = 8, b = 0.625 and bojone's 12, 0.75) and ReRoPE at w = 256
+    of 512 (L/2), with and without log-n."""
+    return ["none", f"{SU_MIXED}+logn", "ntk-mixed+logn", f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"]
 
 
-def other_document(unit_docs):
-    """For each unit the index of the next unit (cyclically) from another document: the swapped prefix's source."""
-    n = len(unit_docs)
-    return [next((j % n for j in range(i + 1, i + n) if unit_docs[j % n] != unit_docs[i]), None) for i in range(n)]
+def donors(unit_docs, rng):
+    """For each unit a random other unit from another document (seeded): the swapped prefix's source; None where
+    every unit comes from one document."""
+    docs = np.asarray(unit_docs)
+    out = []
+    for d in docs:
+        others = np.flatnonzero(docs != d)
+        out.append(int(rng.choice(others)) if len(others) else None)
+    return out
+
+
+def swap_prefix(rows, donor_rows, L, eot):
+    """rows [N, kL + 1] with every token more than L before the first final target (x_0 .. x_(k-2)L, in no final
+    target's exact-crop window) replaced: the donors' tokens, then the end-of-text token at the splice as between
+    documents in training. Exact crop of the final L targets reads none of them; a suffix of jL + 1 tokens has its
+    x_0 .. x_(j-2)L replaced alike, so one swapped row serves every shorter input."""
+    cut = rows.shape[1] - 1 - 2 * L  # (k - 2)L: the splice
+    if cut < 0:
+        return rows.copy()
+    out = rows.copy()
+    out[:, :cut] = donor_rows[:, :cut]
+    out[:, cut] = eot
+    return out
 
 
 def mean_rows(model, rows, last, how):
@@ -89,17 +121,20 @@ def mean_rows(model, rows, last, how):
     return nll.mean(axis=1), hit.mean(axis=1)
 
 
-def bojone(model, units, L, rotary_dim, swap):
-    """{arm: {row: per-unit mean NLL of the final L targets}}: crop, and each method at L, 2L and 4L of input."""
-    same = units[:, -(4 * L + 1):]
-    arms = {"same": same, "swapped": np.concatenate([same[swap, :3 * L + 1], same[:, 3 * L + 1:]], axis=1)}
+def bojone(model, units, L, rotary_dim, donor, eot, specs=None, lengths=LENGTHS, crop_stride=1):
+    """{arm: {row: per-unit mean NLL of the final L targets}}: exact crop, and each method at kL of input for k in
+    lengths (every factor fixed at the longest's), on the real units and on the swapped ones (swap_prefix).
+    crop_stride > 1: crop strided (score_cropped)."""
+    k_max = max(lengths)
+    same = units[:, -(k_max * L + 1):]
+    arms = {"same": same, "swapped": swap_prefix(same, same[donor], L, eot)}
     out = {}
-    for arm, rows in arms.items():
-        out[arm] = {"crop": score_cropped(model, rows, L, L)[0].mean(axis=1)}
-        for spec in bojone_methods(L, rotary_dim):
-            for c in (L, 2 * L, 4 * L):
-                how = method(spec, L, model.config.block_size, c, rotary_dim, 4.0)
-                out[arm][f"{spec}@{c // L}L"] = mean_rows(model, rows[:, -(c + 1):], L, how)[0]
+    for arm, rows_ in arms.items():
+        out[arm] = {"crop": score_cropped(model, rows_, L, L, crop_stride)[0].mean(axis=1)}
+        for spec in specs or bojone_methods(L, rotary_dim):
+            for k in lengths:
+                how = method(spec, L, model.config.block_size, k * L, rotary_dim, float(k_max))
+                out[arm][f"{spec}@{k}L"] = mean_rows(model, rows_[:, -(k * L + 1):], L, how)[0]
     return out
 
 
@@ -121,11 +156,14 @@ def window_grid(model, units, L, rotary_dim):
     return out
 
 
-def press_su(model, units, L, rotary_dim):
-    """Press: {k: per-unit mean NLL} of the unit's 8L targets in non-overlapping windows of kL, and crop on the same
-    targets. Su: per-unit accuracy at L (windows of L), at 8L on the unit and on its first 4L tokens repeated."""
+def press_su(model, led, L, rotary_dim):
+    """led [N, L + 8L + 1]: each unit after the L tokens before it (crop's context of the unit's first targets).
+    Press: {k: per-unit mean NLL} of the unit's 8L targets in non-overlapping windows of kL, and exact crop on the same
+    targets. Su: per-unit accuracy at L (windows of L), at 8L on the unit and on its first 2L tokens repeated to fill
+    the window (Su's repeated texts: a text shorter than the window, repeated; the copy distance 2L, beyond crop)."""
+    units = led[:, L:]
     n = units.shape[1] - 1
-    press, su = {"crop": score_cropped(model, units, n, L)[0].mean(axis=1)}, {}
+    press, su = {"crop": score_cropped(model, led, n, L)[0].mean(axis=1)}, {}
     for k in (1, 2, 4, 8):
         w = k * L
         windows = np.stack([units[:, s:s + w + 1] for s in range(0, n, w)], axis=1).reshape(-1, w + 1)
@@ -133,12 +171,12 @@ def press_su(model, units, L, rotary_dim):
         press[f"none@{k}L"] = nll.reshape(len(units), -1).mean(axis=1)
         if k == 1:
             su["none@1L"] = hit.reshape(len(units), -1).mean(axis=1)
-    repeated = np.concatenate([units[:, :4 * L], units[:, :4 * L + 1]], axis=1)
-    for text, rows in (("text", units), ("repeated", repeated)):
-        su[f"crop@8L/{text}"] = score_cropped(model, rows, n, L)[1].mean(axis=1)
+    repeated = np.tile(units[:, :COPY * L], (1, n // (COPY * L) + 1))[:, :n + 1]
+    for text, rows, crop_rows in (("text", units, led), ("repeated", repeated, repeated)):
+        su[f"crop@8L/{text}"] = score_cropped(model, crop_rows, n, L)[1].mean(axis=1)
         for spec in su_methods(L):
-            su[f"{spec}@8L/{text}"] = mean_rows(model, rows, n, method(spec, L, model.config.block_size, n, rotary_dim,
-                                                                       8.0))[1]
+            how = method(spec, L, model.config.block_size, n, rotary_dim, 8.0)
+            su[f"{spec}@8L/{text}"] = mean_rows(model, rows, n, how)[1]
     return press, su
 
 
@@ -180,7 +218,7 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     partial = (model.config.rope_scaling or {}).get("partial_rotary_factor", 1.0)
     rotary_dim = int(model.config.n_embd // model.config.n_head * partial)
     units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
-    ids = dict(small=weights_id(small), tuned=tuned and weights_id(tuned), docs=docs_name, units=units_n,
+    ids = dict(version=2, small=weights_id(small), tuned=tuned and weights_id(tuned), docs=docs_name, units=units_n,
                **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key
     cache = small / f"protocols_{docs_name}.json"
     if cache.is_file() and (done := json.loads(cache.read_text())).get("ids") == ids:
@@ -189,18 +227,16 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     tokens, docs = load_split(data_dir, "val")
     docs = held_out(docs, docs_name)
     reach = 8 * L if {"press", "su"} & set(chosen) else 4 * L  # the unit: as long as the longest reading needs
-    starts = doc_windows(docs, reach + 1, units_n, np.random.default_rng(0))
-    units = np.stack([tokens[s:s + reach + 1] for s in starts]).astype(np.int64)
-    unit_docs = np.searchsorted(docs[:, 0], starts, side="right") - 1
-    result = dict(ids=ids, L=L, units=len(units))
+    lead, units, unit_docs = draw_units(tokens, docs, L, reach, units_n)
+    result = dict(ids=ids, L=L, units=len(units), unit_docs=unit_docs.tolist())
     if "bojone" in chosen:
-        if None in (swap := other_document(unit_docs.tolist())):
+        if None in (donor := donors(unit_docs, np.random.default_rng(1))):
             raise UserError(f"{small}: every unit comes from one document; the swapped prefix needs two (more --units)")
-        result["bojone"] = bojone(model, units, L, rotary_dim, swap)
+        result["bojone"] = bojone(model, units, L, rotary_dim, donor, load_meta(data_dir)["eot_token"])
     if "grid" in chosen:
         result["grid"] = window_grid(model, units, L, rotary_dim)
     if {"press", "su"} & set(chosen):
-        result["press"], result["su"] = press_su(model, units, L, rotary_dim)
+        result["press"], result["su"] = press_su(model, np.concatenate([lead, units], axis=1), L, rotary_dim)
     if "yarn" in chosen:
         long_docs = docs[docs[:, 1] - docs[:, 0] > 5 * L]
         long_docs = long_docs[np.sort(np.random.default_rng(0).permutation(len(long_docs))[:units_n])]
@@ -216,29 +252,59 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     return result
 
 
+def draw_units(tokens, docs, L, reach, n):
+    """(lead [N, L], units [N, reach + 1], each unit's document): units drawn from at least L tokens into their document,
+    so that exact crop of a unit's first target reads the L tokens before it (the lead), as of every other."""
+    inside = np.asarray(docs, dtype=np.int64).copy()
+    inside[:, 0] += L
+    inside = inside[inside[:, 1] - inside[:, 0] >= reach + 1]
+    if not len(inside):
+        raise UserError(f"no held-out document holds {L + reach + 1} tokens (L before a unit of {reach + 1}): "
+                        "use a corpus with longer documents, or fewer protocols (--protocols bojone needs 5L + 1)")
+    starts = doc_windows(inside, reach + 1, n, np.random.default_rng(0))
+    rows = np.stack([tokens[s - L:s + reach + 1] for s in starts]).astype(np.int64)
+    return rows[:, :L], rows[:, L:], np.searchsorted(docs[:, 0], starts, side="right") - 1
+
+
 def json_ready(x):
     if isinstance(x, dict):
         return {k: json_ready(v) for k, v in x.items()}
     return np.round(np.asarray(x, dtype=float), 6).tolist() if isinstance(x, np.ndarray) else x
 
 
-def seed_means(results, *path):
-    """{row: [mean per seed]} of one protocol's per-unit readings (path: the keys down to the rows)."""
+def per_unit(results, *path):
+    """{row: [seeds, units]} of one protocol's per-unit readings (path: the keys down to the rows)."""
     tables = list(results)
     for step in path:
         tables = [t[step] for t in tables]
-    return {row: [float(np.mean(t[row])) for t in tables] for row in tables[0]}
+    return {row: np.array([t[row] for t in tables], dtype=float) for row in tables[0]}
+
+
+def ci(values, results, by_document=True):
+    """The interval of the mean of values [seeds, units] from the two-way bootstrap over seeds and held-out documents
+    (a document drawn brings all its units; lab/stats.py); by_document False: each unit its own document."""
+    return interval(values, results[0]["unit_docs"] if by_document else None)
+
+
+def reading(c, below=True):
+    """A published shape read on an interval of (testbed difference): 'holds' where the whole interval lies on the
+    shape's side of zero (below, or above), 'does not hold' where it lies on the other side, else 'within noise'."""
+    side = -1 if below else 1
+    if side * c["lo"] > 0 and side * c["hi"] > 0:
+        return "holds"
+    return "does not hold" if side * c["lo"] < 0 and side * c["hi"] < 0 else "within noise"
+
+
+def chain(readings):
+    """A shape made of several contrasts: holds where every one holds, does not hold where any is reversed."""
+    return ("does not hold" if "does not hold" in readings else "holds" if set(readings) == {"holds"}
+            else "within noise")
 
 
 def cell(values, digits=3, scale=1.0):
-    """A screen's cell: the mean over seeds, and each seed's value in brackets."""
-    v = [x * scale for x in values]
+    """A screen's cell: the mean over seeds and units, and each seed's mean in brackets."""
+    v = [float(np.mean(x)) * scale for x in values]
     return f"{np.mean(v):.{digits}f}" + (f" ({', '.join(f'{x:.{digits}f}' for x in v)})" if len(v) > 1 else "")
-
-
-def signed(values, digits=3):
-    v = list(values)
-    return f"{np.mean(v):+.{digits}f}" + (f" ({', '.join(f'{x:+.{digits}f}' for x in v)})" if len(v) > 1 else "")
 
 
 # Published numbers, each with its source. bojone/rerope README.md, "Results" (Llama-2 13B trained at 4,096, eval_loss.py:
@@ -254,67 +320,102 @@ YARN = {"YaRN (Yarn-Llama-2-7b-8k)": (3.9184, 3.5098, 3.3564, 6.0485),
 # Press et al. 2022, Table 2 (247M on WikiText-103, L = 512, non-overlapping windows): rotary at L and at about 2L.
 PRESS = ("rotary", 20.07, 21.37)
 # Su 2023 (kexue.fm/archives/9708, as reported there: 100M trained at 512, read at 4,096): accuracy (%) at L, then at 8L
-# on ordinary / repeated text.
+# on ordinary / repeated text. The rows with log-n are his dagger rows, log-n applied at inference only as here (posts
+# 9706 and 9728); his NTK-RoPE-logn-mixed 45.41 / 68.91 is a model pretrained with log-n, not comparable.
 SU_AT_L = 49.41
-SU = {"none": ("baseline", 23.16, 24.17), "ntk-mixed+logn": ("NTK-RoPE-logn-mixed", 45.41, 68.91),
+SU = {"none": ("baseline", 23.16, 24.17),
+      SU_MIXED + "+logn": ("NTK-RoPE-logn-mixed, k = 8, b = 0.625, log-n at inference", 42.38, 59.11),
       "rerope:window={w2}": ("ReRoPE w = 256 (L/2)", 48.48, 77.90),
-      "rerope:window={w2}+logn": ("ReRoPE w = 256 with log-n", 48.85, 82.40)}
+      "rerope:window={w2}+logn": ("ReRoPE w = 256 with log-n at inference", 48.85, 82.40)}
 SU_WINDOW = ("window attention, trained", 48.15, 80.84)
 
 
-def bojone_section(rung, results, L):
-    same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
-    crop, crop_swap = same["crop"], swapped["crop"]
-    diff = lambda a, b: [x - y for x, y in zip(a, b)]  # per seed
-    handicap = diff(same["none@1L"], crop)
-    lines = [f"### bojone/rerope's protocol, rung {rung}\n",
-             f"Exact crop on the final L targets: {cell(crop)}; the whole-window reading at L (RoPE as trained, its targets "
-             f"with 0 to L - 1 tokens of context) minus crop, the baseline's handicap: **{signed(handicap)}** (bojone's "
-             "RoPE-4k row is this whole-window reading: no published row is crop).\n",
-             "| row | published 4k / 8k / 16k | testbed L / 2L / 4L | minus crop at 2L / 4L | 2L -> 4L | distortion (swapped, 4L) "
-             "| reads past L (4L) |", "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+def bojone_contrasts(results):
+    """{row: {name: [seeds, units]}} of bojone's decomposition on the final L targets: minus crop at each input;
+    reads past L at kL, the method on the real units minus on the swapped ones (negative: it gains from the tokens
+    more than L back); its distortion at kL, on the swapped units minus crop (crop is the same on both arms)."""
+    same, swapped = per_unit(results, "bojone", "same"), per_unit(results, "bojone", "swapped")
+    lengths = sorted(int(k.split("@")[1][:-1]) for k in same if k.startswith("none@"))
+    out = {}
     for spec in read_rows(results):
+        rows = {f"minus crop {k}L": same[f"{spec}@{k}L"] - same["crop"] for k in lengths}
+        rows.update({f"reads past L {k}L": same[f"{spec}@{k}L"] - swapped[f"{spec}@{k}L"] for k in lengths})
+        rows.update({f"distortion {k}L": swapped[f"{spec}@{k}L"] - swapped["crop"] for k in lengths})
+        out[spec] = rows
+    return out, lengths
+
+
+def bojone_section(rung, results, L):
+    same = per_unit(results, "bojone", "same")
+    contrasts, lengths = bojone_contrasts(results)
+    far = [k for k in lengths if k >= 3]
+    handicap = ci(same["none@1L"] - same["crop"], results)
+    crop_moves = float(np.abs(per_unit(results, "bojone", "swapped")["crop"] - same["crop"]).max())
+    lines = [f"### bojone/rerope's protocol, rung {rung}\n",
+             f"Exact crop on the final L targets: {cell(same['crop'])}. The whole-window reading at L (RoPE as trained, "
+             "its targets with 0 to L - 1 tokens of context) minus crop, the baseline's handicap: "
+             f"**{interval_text(handicap)}** (bojone's RoPE-4k row is this whole-window reading: no published row is "
+             "crop). The swapped arm replaces every token more than L before the first final target (from another "
+             "held-out document, with the end-of-text token at the splice): exact crop differs between the arms by at "
+             f"most {crop_moves:.1g} nats. **Reads past L** is the method on the real units minus on the swapped ones: "
+             "negative, it gains from the tokens more than L back; **distortion** is the method on the swapped units "
+             "minus crop. At 1L nothing is swapped: its reads past L is the null, zero by construction. Intervals: 95%, "
+             "bootstrap over seeds and documents.\n",
+             "| row | published 4k / 8k / 16k | testbed " + " / ".join(f"{k}L" for k in lengths) + " | minus crop "
+             f"{lengths[-1]}L | " + " | ".join(f"distortion {k}L | reads past L {k}L" for k in far) + " | null 1L |",
+             "| --- | --- | --- | ---: | " + " | ".join("---: | ---:" for _ in far) + " | ---: |"]
+    for spec, rows in contrasts.items():
         published = next((v for k, v in BOJONE.items() if k.format(w4=L // 4) == spec), None)
         pub = " / ".join("-" if x is None else f"{x:.4f}" for x in published[1]) if published else ""
-        at = [same[f"{spec}@{k}L"] for k in (1, 2, 4)]
-        delta = [diff(a, crop) for a in at[1:]]
-        distortion = diff(swapped[f"{spec}@4L"], crop_swap)
-        reads = diff(delta[1], distortion)
         name = f"`{spec}`" + (f" ({published[0]})" if published else "")
-        lines.append(f"| {name} | {pub} | {' / '.join(f'{np.mean(a):.3f}' for a in at)} | "
-                     f"{signed(delta[0])} / {signed(delta[1])} | {signed(diff(at[2], at[1]))} | {signed(distortion)} | "
-                     f"{signed(reads)} |")
+        at = " / ".join(f"{np.mean(same[f'{spec}@{k}L']):.3f}" for k in lengths)
+        cells = [interval_text(ci(rows[f"minus crop {lengths[-1]}L"], results))]
+        cells += [interval_text(ci(rows[f"{what} {k}L"], results)) for k in far for what in ("distortion", "reads past L")]
+        cells.append(f"{np.abs(rows['reads past L 1L']).max():.1g}")
+        lines.append(f"| {name} | {pub} | {at} | " + " | ".join(cells) + " |")
     return lines
 
 
 def holds_bojone(results, L):
-    """bojone's published shapes, read on the testbed's means: each ReRoPE row's "longer input, lower loss" (2L below
-    the whole-window RoPE reading at L, 4L below 2L), NTK-mixed falling from L to 2L to 4L, RoPE as trained above its
-    L reading at 2L; and what no published row tested, below exact crop."""
-    same = {k: np.mean(v) for k, v in seed_means(results, "bojone", "same").items()}
+    """bojone's published shapes as contrasts on the testbed ({shape: (interval, reading)}): each ReRoPE row's
+    "longer input, lower loss" (2L below the whole-window RoPE reading at L, the longest input below 2L), NTK-mixed
+    falling with input, RoPE as trained above its L reading at 2L; and what no published row tested: below exact crop,
+    and reading the tokens more than L back."""
+    same = per_unit(results, "bojone", "same")
+    contrasts, lengths = bojone_contrasts(results)
+    top = lengths[-1]
     out = {}
     for r in (s for s in read_rows(results) if s.startswith("rerope")):
-        out[f"`{r}`: 2L below RoPE's whole window at L"] = same[f"{r}@2L"] < same["none@1L"]
-        out[f"`{r}`: 4L below 2L"] = same[f"{r}@4L"] < same[f"{r}@2L"]
-        out[f"`{r}`: below exact crop at 2L or 4L (not in the published table)"] = min(same[f"{r}@2L"], same[f"{r}@4L"]) < same["crop"]
-    out["NTK-logn-mixed: falls from L to 2L to 4L"] = same["ntk-mixed+logn@4L"] < same["ntk-mixed+logn@2L"] < same["ntk-mixed+logn@1L"]
-    out["RoPE as trained: above its L reading at 2L"] = same["none@2L"] > same["none@1L"]
-    return out
+        out[f"`{r}`: 2L below RoPE's whole window at L"] = same[f"{r}@2L"] - same["none@1L"], True
+        out[f"`{r}`: {top}L below 2L"] = same[f"{r}@{top}L"] - same[f"{r}@2L"], True
+        out[f"`{r}`: below exact crop at {top}L (not in the published table)"] = contrasts[r][f"minus crop {top}L"], True
+    for r in read_rows(results):
+        out[f"`{r}`: reads the tokens more than L back at {top}L (not in the published table)"] = (
+            contrasts[r][f"reads past L {top}L"], True)
+    if "ntk-mixed+logn" in contrasts:
+        out[f"NTK-logn-mixed: {top}L below 2L"] = same[f"ntk-mixed+logn@{top}L"] - same["ntk-mixed+logn@2L"], True
+    out["RoPE as trained: above its L reading at 2L"] = same["none@2L"] - same["none@1L"], False
+    return {shape: (ci(v, results), below) for shape, (v, below) in out.items()}
 
 
 def yarn_section(rung, results):
-    zero = seed_means(results, "yarn_zero_shot")
-    ppl = lambda v: [math.exp(x) for x in v]
+    zero = per_unit(results, "yarn_zero_shot")
+    ppl = lambda v: [math.exp(np.mean(x)) for x in v]
     lines = [f"### YaRN's protocol (documents truncated, one window from 0), rung {rung}\n",
-             "Perplexity; F, the fine-tuned length (published 8k, testbed 4L); the testbed's documents are those of at "
-             "least 5L + 1 tokens, each cut at its start.\n",
+             "Perplexity; F, the fine-tuned length (published 8k with s = 2, so its F/2 is the base model's length; the "
+             "testbed's fine-tune is s = 4, F = 4L, so its F/4 is L: the columns align by F, not by the base length). The "
+             "testbed's documents are those of at least 5L + 1 tokens, each cut at its start. Every window starts at "
+             "the document's start, so a shorter window holds more targets with little context: the curve falls with "
+             "the length partly by dilution, which exact crop's own curve (below) shows without any context past L.\n",
              "| row | F/4 | F/2 | F | 1.25F |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {name} (published) | " + " | ".join(f"{x:.3f}" for x in v) + " |" for name, v in YARN.items()]
     if "yarn_tuned" in results[0]:
-        tuned = seed_means(results, "yarn_tuned")
-        for row, label in (("none", "the ceiling (YaRN s = 4 fine-tune at 4L)"), ("crop", "its exact crop to 4L"),
-                           ("crop-L", "its exact crop to L")):
-            lines.append(f"| {label} | " + " | ".join(cell(ppl(tuned[f"{row}@{k}L"])) for k in (1, 2, 4, 5)) + " |")
+        tuned = per_unit(results, "yarn_tuned")
+        lines.append("| the ceiling (YaRN s = 4 fine-tune at 4L) | "
+                     + " | ".join(cell(ppl(tuned[f"none@{k}L"])) for k in (1, 2, 4, 5)) + " |")
+        lines.append("| its exact crop to 4L | = the ceiling (no window is longer) | = | = | "
+                     + cell(ppl(tuned["crop@5L"])) + " |")
+        lines.append("| its exact crop to L | " + " | ".join(cell(ppl(tuned[f"crop-L@{k}L"])) for k in (1, 2, 4, 5)) + " |")
     lines += ["", "Zero-shot on the L model in the same protocol (factor k at kL), perplexity:\n",
               "| row | L | 2L | 4L |", "| --- | ---: | ---: | ---: |"]
     for row in ("none", "pi", "ntk", "yarn", "crop"):
@@ -323,57 +424,83 @@ def yarn_section(rung, results):
 
 
 def press_su_section(rung, results):
-    press, su = seed_means(results, "press"), seed_means(results, "su")
-    ppl = lambda v: [math.exp(x) for x in v]
+    press, su = per_unit(results, "press"), per_unit(results, "su")
+    ppl = lambda v: [math.exp(np.mean(x)) for x in v]
+    L = results[0]["L"]
     lines = [f"### Press et al.'s protocol (non-overlapping windows of kL, every target), rung {rung}\n",
              f"Published (Table 2, {PRESS[0]}): {PRESS[1]} at L, {PRESS[2]} at about 2L (x{PRESS[2] / PRESS[1]:.3f}). "
-             "Testbed, perplexity over the same 8L targets of each unit:\n",
+             "Testbed, perplexity over the same 8L targets of each unit (each unit drawn at least L tokens into its "
+             "document, so exact crop reads L tokens for every target):\n",
              "| reading | L | 2L | 4L | 8L | exact crop |", "| --- | ---: | ---: | ---: | ---: | ---: |",
              "| RoPE as trained | " + " | ".join(cell(ppl(press[f"none@{k}L"]), 2) for k in (1, 2, 4, 8))
              + f" | {cell(ppl(press['crop']), 2)} |", "",
              f"### Su's protocol (next-token accuracy, %), rung {rung}\n",
-             f"At L: published {SU_AT_L}, testbed {cell(su['none@1L'], 2, 100)}. At 8L:\n",
-             "| row | published text / repeated | testbed text | testbed repeated |", "| --- | --- | ---: | ---: |"]
-    L = results[0]["L"]
-    for spec, (name, text, rep) in SU.items():
-        spec = spec.format(w2=L // 2)
-        lines.append(f"| `{spec}` ({name}) | {text:.2f} / {rep:.2f} | {cell(su[f'{spec}@8L/text'], 2, 100)} | "
-                     f"{cell(su[f'{spec}@8L/repeated'], 2, 100)} |")
-    lines.append(f"| {SU_WINDOW[0]} | {SU_WINDOW[1]:.2f} / {SU_WINDOW[2]:.2f} | not trained here | |")
-    lines.append(f"| exact crop | (not published) | {cell(su['crop@8L/text'], 2, 100)} | {cell(su['crop@8L/repeated'], 2, 100)} |")
+             f"At L: published {SU_AT_L}, testbed {cell(su['none@1L'], 2, 100)}. At 8L on the units' text, and on "
+             f"repeated text: each unit's first {COPY}L tokens repeated to fill the window (copy distance {COPY}L, beyond "
+             "crop's reach; Su's repeated set also mixes natural samples in, in a proportion his posts do not give). The "
+             "copy measure: the row's (repeated - text) minus crop's, with its interval. The published log-n rows are "
+             "Su's log-n at inference (his dagger rows), as the testbed applies it.\n",
+             "| row | published text / repeated | testbed text | testbed repeated | copy measure (points) |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    crop_gap = su["crop@8L/repeated"] - su["crop@8L/text"]
+    for spec in su_methods(L):
+        name, text, rep = next(((n, t, r) for k, (n, t, r) in SU.items() if k.format(w2=L // 2) == spec),
+                               ("bojone's k = 12, b = 0.75, log-n", None, None))
+        pub = f"{text:.2f} / {rep:.2f}" if text is not None else "(not published)"
+        copy = ci(100 * (su[f"{spec}@8L/repeated"] - su[f"{spec}@8L/text"] - crop_gap), results)
+        lines.append(f"| `{spec}` ({name}) | {pub} | {cell(su[f'{spec}@8L/text'], 2, 100)} | "
+                     f"{cell(su[f'{spec}@8L/repeated'], 2, 100)} | {interval_text(copy, '+.2f')} |")
+    lines.append(f"| {SU_WINDOW[0]} | {SU_WINDOW[1]:.2f} / {SU_WINDOW[2]:.2f} | not trained here | | |")
+    lines.append(f"| exact crop | (not published) | {cell(su['crop@8L/text'], 2, 100)} | "
+                 f"{cell(su['crop@8L/repeated'], 2, 100)} | |")
     return lines
 
 
-def grid_section(rung, results, docs):
-    g = seed_means(results, "grid")
+def grid_scores(results):
+    """{setting: per-unit [seeds, units] mean of minus crop at 2L and 4L}."""
+    g = per_unit(results, "grid")
     L = results[0]["L"]
-    scores = {spec: [np.mean([a - c for a, c in zip(g[f"{spec}@{k}L"], g["crop"])]) for k in (2, 4)] for spec in grid(L)}
-    best = {m: min((s for s in scores if s.split(":")[0] == m), key=lambda s: sum(scores[s])) for m in ("rerope", "leaky-rerope")}
+    return {spec: (g[f"{spec}@2L"] + g[f"{spec}@4L"]) / 2 - g["crop"] for spec in grid(L)}
+
+
+def dev_choice(scores):
+    """The lowest setting of each method on dev: what the test page marks."""
+    return {min((s for s in scores if s.split(":")[0] == m), key=lambda s: float(np.mean(scores[s])))
+            for m in ("rerope", "leaky-rerope")}
+
+
+def grid_section(rung, results, docs, chosen):
+    g = per_unit(results, "grid")
     lines = [f"### ReRoPE's windows to L - 2, with and without log-n, rung {rung} ({docs} documents)\n",
              "bojone's protocol (the final L targets), each setting minus exact crop at 2L / 4L of input (mean over "
-             "seeds); lowest of each method over both in bold" + (" (the settings chosen on dev)" if docs == "dev" else "")
-             + ".\n", "| setting | 2L | 4L |", "| --- | ---: | ---: |"]
-    for spec, (a, b) in scores.items():
-        bold = "**" if spec in best.values() else ""
+             "seeds and units); in bold the setting of each method "
+             + ("with the lowest mean here (dev: where settings are chosen)" if chosen is None else
+                "chosen on the dev documents (lab/protocols.py --docs dev), whatever its rank here") + ".\n",
+             "| setting | 2L | 4L |", "| --- | ---: | ---: |"]
+    scores = grid_scores(results)
+    marked = dev_choice(scores) if chosen is None else chosen
+    for spec in scores:
+        bold = "**" if spec in marked else ""
+        a, b = (float(np.mean(g[f"{spec}@{k}L"] - g["crop"])) for k in (2, 4))
         lines.append(f"| {bold}`{spec}`{bold} | {a:+.3f} | {b:+.3f} |")
     return lines
 
 
 def plot(rungs, per_rung):
-    """Per rung: each bojone row's reading at L, 2L and 4L of input, exact crop dashed, the swapped arm dotted."""
+    """Per rung: each bojone row's reading at each input, exact crop dashed, the swapped arm dotted."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(rungs), figsize=(6.5 * len(rungs), 4.5), squeeze=False)
     for ax, rung in zip(axes[0], rungs):
         results = per_rung[rung]
-        same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
+        same, swapped = per_unit(results, "bojone", "same"), per_unit(results, "bojone", "swapped")
+        lengths = bojone_contrasts(results)[1]
         for n, spec in enumerate(s for s in read_rows(results) if s != "none"):
             color = plt.cm.tab10(n % 10)
-            ax.plot([1, 2, 4], [np.mean(same[f"{spec}@{k}L"]) for k in (1, 2, 4)], "o-", color=color, label=spec)
-            ax.plot([1, 2, 4], [np.mean(swapped[f"{spec}@{k}L"]) for k in (1, 2, 4)], ":", color=color)
-        ax.axhline(np.mean(same["crop"]), color="k", ls="--", label="exact crop")
-        ax.axhline(np.mean(swapped["crop"]), color="k", ls=":", label="exact crop, swapped prefix")
+            ax.plot(lengths, [np.mean(same[f"{spec}@{k}L"]) for k in lengths], "o-", color=color, label=spec)
+            ax.plot(lengths, [np.mean(swapped[f"{spec}@{k}L"]) for k in lengths], ":", color=color)
+        ax.axhline(np.mean(same["crop"]), color="k", ls="--", label="exact crop (both arms)")
         ax.axhline(np.mean(same["none@1L"]), color="grey", ls="-.", label="RoPE as trained at L (whole window)")
-        ax.set(xscale="log", xticks=[1, 2, 4], xticklabels=["L", "2L", "4L"], xlabel="input (multiples of L)",
+        ax.set(xscale="log", xticks=lengths, xticklabels=[f"{k}L" for k in lengths], xlabel="input (multiples of L)",
                ylabel="NLL of the final L targets", title=f"{rung}: bojone's protocol (dotted: swapped prefix)")
         ax.minorticks_off()
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
@@ -381,26 +508,22 @@ def plot(rungs, per_rung):
 
 
 def metrics(per_rung):
-    """Summary metrics a runs table compares across pages, mean over seeds: per rung bojone's decomposition
-    (protocols/<rung>/bojone/<row>/{minus_crop_2L,minus_crop_4L,distortion_4L,reads_past_L_4L}, the handicap), Su's
-    accuracies and Press's and YaRN's readings."""
+    """Summary metrics a runs table compares across pages, means over seeds and units: per rung bojone's decomposition
+    (protocols/<rung>/bojone/<row>/{minus_crop_kL,distortion_kL,reads_past_L_kL}, the handicap), Su's accuracies and
+    Press's and YaRN's readings."""
     out = {}
-    m = lambda d, k: float(np.mean(d[k]))
     for rung, results in per_rung.items():
         for name in ("su", "press", "yarn_tuned", "yarn_zero_shot"):
             if name in results[0]:
-                out.update({key("protocols", rung, name, row): m(seed_means(results, name), row)
-                            for row in seed_means(results, name)})
+                out.update({key("protocols", rung, name, row): float(np.mean(v))
+                            for row, v in per_unit(results, name).items()})
         if "bojone" not in results[0]:
             continue
-        same, swapped = seed_means(results, "bojone", "same"), seed_means(results, "bojone", "swapped")
-        out[key("protocols", rung, "bojone", "handicap")] = m(same, "none@1L") - m(same, "crop")
-        for spec in read_rows(results):
-            for k in (2, 4):
-                out[key("protocols", rung, "bojone", spec, f"minus_crop_{k}L")] = m(same, f"{spec}@{k}L") - m(same, "crop")
-            distortion = m(swapped, f"{spec}@4L") - m(swapped, "crop")
-            out[key("protocols", rung, "bojone", spec, "distortion_4L")] = distortion
-            out[key("protocols", rung, "bojone", spec, "reads_past_L_4L")] = m(same, f"{spec}@4L") - m(same, "crop") - distortion
+        same = per_unit(results, "bojone", "same")
+        out[key("protocols", rung, "bojone", "handicap")] = float(np.mean(same["none@1L"] - same["crop"]))
+        for spec, rows in bojone_contrasts(results)[0].items():
+            out.update({key("protocols", rung, "bojone", spec, name.replace(" ", "_")): float(np.mean(v))
+                        for name, v in rows.items()})
     return out
 
 
@@ -429,7 +552,8 @@ def main(argv):
                 for name, pairs in runs.items()}
     command = shlex.join(["python", "lab/protocols.py", *a.rungs, f"--seeds={seeds}", f"--units={a.units}",
                           f"--docs={a.docs}", f"--protocols={','.join(chosen)}", f"--out={a.out}"])
-    md = page(per_rung, seeds, a.docs, command)
+    md = page(per_rung, seeds, a.docs, command, {name: chosen_on_dev(pairs) for name, pairs in runs.items()}
+              if a.docs == "test" and "grid" in chosen else None)
     drawn = [rung for rung, results in per_rung.items() if "bojone" in results[0]]
     write_page(out, "shapes", md, dict(command=command, rungs=per_rung), drawn and plot(drawn, per_rung),
                indent=None)
@@ -438,50 +562,77 @@ def main(argv):
                  drawn and out / "shapes.png")
 
 
-def page(per_rung, seeds, docs, command):
+def chosen_on_dev(pairs):
+    """The grid's settings dev chose (dev_choice), from the seeds' dev readings cached beside them; None if not read."""
+    caches = [small / "protocols_dev.json" for small, _ in pairs]
+    if not all(c.is_file() for c in caches):
+        return None
+    dev = [json.loads(c.read_text()) for c in caches]
+    return dev_choice(grid_scores(dev)) if all("grid" in d for d in dev) else None
+
+
+def page(per_rung, seeds, docs, command, chosen=None):
     lines = ["# Published tables in their own protocols, with exact crop beside\n",
              f"{generated(command)}\n",
-             f"A screen: {seeds} seed(s) a rung, the {docs} documents; each cell the mean over seeds with each seed's value "
-             "in brackets. Nothing here is decided. None of the published tables has an exact-crop row: each published "
-             "number is beside the testbed's number measured in that source's protocol, and exact crop (every target from "
-             "exactly its last L tokens) beside both.\n", "## Scoreboard\n",
-             "| source | shape | rung | holds on the testbed |", "| --- | --- | --- | --- |"]
+             f"{seeds} seed(s) a rung, the {docs} documents; each cell the mean over seeds and units, with each seed's "
+             "mean in brackets where there are several. None of the published tables has an exact-crop row: each "
+             "published number is beside the testbed's number measured in that source's protocol, and exact crop "
+             "(every target from exactly its last L tokens) beside both. Every shape is a declared contrast with its 95% "
+             "interval (bootstrap over seeds and held-out documents): it holds where the interval lies on the shape's "
+             "side of zero, does not hold where it lies on the other, and is within noise otherwise.\n",
+             "## Scoreboard\n", "| source | shape | rung | testbed difference [95% interval] | reading |",
+             "| --- | --- | --- | ---: | --- |"]
     for rung, results in per_rung.items():
-        shapes = [("bojone/rerope", *kv) for kv in holds_bojone(results, results[0]["L"]).items()] if "bojone" in results[0] else []
-        shapes += [(source, shape, ok) for (source, shape), ok in other_holds(results).items()]
-        lines += [f"| {source} | {shape} | {rung} | {'yes' if ok else 'no'} |" for source, shape, ok in shapes]
+        shapes = ([("bojone/rerope", *kv) for kv in holds_bojone(results, results[0]["L"]).items()]
+                  if "bojone" in results[0] else [])
+        shapes += [(source, shape, v) for (source, shape), v in other_holds(results).items()]
+        for source, shape, (c, below) in shapes:
+            verdict = chain(below) if isinstance(below, list) else reading(c, below)
+            lines.append(f"| {source} | {shape} | {rung} | {interval_text(c)} | {verdict} |")
     for rung, results in per_rung.items():
         first = results[0]
         lines += ["", f"## {rung} (L = {first['L']}; {first['units']} units"
                   + (f", {first['documents']} documents for YaRN's protocol" if "documents" in first else "") + ")\n"]
         for part, section in (("bojone", lambda: bojone_section(rung, results, first["L"])),
-                             ("yarn_zero_shot", lambda: yarn_section(rung, results)),
-                             ("press", lambda: press_su_section(rung, results)),
-                             ("grid", lambda: grid_section(rung, results, docs))):
+                              ("yarn_zero_shot", lambda: yarn_section(rung, results)),
+                              ("press", lambda: press_su_section(rung, results)),
+                              ("grid", lambda: grid_section(rung, results, docs, (chosen or {}).get(rung)))):
             lines += section() + [""] if part in first else []
     return "\n".join(lines) + "\n"
 
 
 def other_holds(results):
-    """YaRN's, Press's and Su's published shapes on the testbed's means, for the protocols that were read."""
+    """YaRN's, Press's and Su's published shapes as contrasts ({(source, shape): (interval, below or [readings])}),
+    for the protocols that were read. A shape of several contrasts gives the readings of each; its interval is the
+    weakest one's."""
     L, first = results[0]["L"], results[0]
-    m = lambda name, k: float(np.mean(seed_means(results, name)[k]))
     r, rl = f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"
     out = {}
     if "yarn_tuned" in first:
-        out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = (
-            m("yarn_tuned", "none@4L") < m("yarn_tuned", "none@1L") and m("yarn_tuned", "none@5L") > m("yarn_tuned", "none@4L"))
+        tuned = per_unit(results, "yarn_tuned")
+        parts = [(ci(tuned["none@4L"] - tuned["none@1L"], results, False), True),
+                 (ci(tuned["none@5L"] - tuned["none@4L"], results, False), False)]
+        out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = weakest(parts)
     if "press" in first:
-        out["Press et al. 2022", "RoPE as trained: whole windows of 2L above L"] = m("press", "none@2L") > m("press", "none@1L")
+        press, su = per_unit(results, "press"), per_unit(results, "su")
+        out["Press et al. 2022", "RoPE as trained: whole windows of 2L above L"] = (
+            ci(press["none@2L"] - press["none@1L"], results), False)
         for text in ("text", "repeated"):
-            order = [m("su", f"{row}@8L/{text}") for row in ("none", "ntk-mixed+logn", r, rl)]
-            out["Su 2023", f"accuracy at 8L, {text}: baseline < NTK-logn-mixed < ReRoPE <= ReRoPE+log-n"] = (
-                order[0] < order[1] < order[2] <= order[3])
-        out["Su 2023", "ReRoPE+log-n at 8L within 1 point of the accuracy at L"] = (
-            m("su", f"{rl}@8L/text") > m("su", "none@1L") - 0.01)
-        out["Su 2023", "repeated text read far better than text at 8L by ReRoPE+log-n (copying from 4L back)"] = (
-            m("su", f"{rl}@8L/repeated") > m("su", f"{rl}@8L/text") + 0.05)
+            order = [su[f"{row}@8L/{text}"] for row in ("none", f"{SU_MIXED}+logn", r, rl)]
+            parts = [(ci(order[i + 1] - order[i], results), False) for i in range(3)]
+            out["Su 2023", f"accuracy at 8L, {text}: baseline < NTK-logn-mixed (Su's) < ReRoPE < ReRoPE+log-n"] = (
+                weakest(parts))
+        out["Su 2023", "ReRoPE+log-n at 8L no more than 1 point below the accuracy at L"] = (
+            ci(su[f"{rl}@8L/text"] - su["none@1L"] + 0.01, results), False)
+        copy = lambda row: su[f"{row}@8L/repeated"] - su[f"{row}@8L/text"]
+        out["Su 2023", "ReRoPE+log-n copies from 2L back (its repeated - text above crop's)"] = (
+            ci(copy(rl) - copy("crop"), results), False)
     return out
+
+
+def weakest(parts):
+    """(the interval nearest zero, [each part's reading]) of a shape made of several contrasts."""
+    return min(parts, key=lambda p: min(abs(p[0]["lo"]), abs(p[0]["hi"])))[0], [reading(c, b) for c, b in parts]
 
 
 if __name__ == "__main__":

@@ -52,9 +52,55 @@ def test_logn_rows_scale_the_queries_past_L_and_nothing_else():
     assert protocols.method("rerope:window=4", 16, 16, 64, 32, None).logn_len is None
 
 
+def test_strided_crop_scores_each_target_from_its_block_window():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=50, n_layer=1, n_head=2, n_embd=16)).eval()
+    rows = np.random.default_rng(1).integers(0, 50, size=(2, 24))
+    nll, _ = score_cropped(model, rows, last=12, context=8, stride=3)
+    for j, t in enumerate(range(11, 23)):  # target index t (rows[:, t + 1]); blocks end at 23, 20, 17, 14 (t + 1 <= end)
+        end = next(e for e in (14, 17, 20, 23) if t < e)
+        with torch.no_grad():
+            logits, _ = model(torch.from_numpy(rows[:, end - 8:t + 1]))  # the window's tokens up to the target
+        expected = F.cross_entropy(logits[:, -1], torch.from_numpy(rows[:, t + 1]), reduction="none").numpy()
+        assert nll[:, j] == pytest.approx(expected, abs=1e-5)
+    assert (score_cropped(model, rows, 12, 8, 1)[0] == score_cropped(model, rows, 12, 8)[0]).all()
+
+
 def test_the_swapped_prefix_comes_from_another_document():
-    assert protocols.other_document([0, 0, 1, 2]) == [2, 2, 3, 0]
-    assert protocols.other_document([5, 5]) == [None, None]
+    rng = np.random.default_rng(0)
+    docs = [0, 0, 1, 2, 2, 2]
+    for _ in range(20):
+        donor = protocols.donors(docs, rng)
+        assert all(docs[d] != docs[i] for i, d in enumerate(donor))
+    assert protocols.donors([5, 5], rng) == [None, None]
+
+
+def test_the_swap_replaces_only_tokens_beyond_every_final_targets_crop_window():
+    L, eot = 4, 99
+    rows = np.arange(2 * (4 * L + 1)).reshape(2, 4 * L + 1)
+    donor = rows[::-1] + 1000
+    swapped = protocols.swap_prefix(rows, donor, L, eot)
+    # x_0 .. x_(k-2)L replaced (2L + 1 of 4L + 1 tokens: the donor's, then end-of-text), the rest untouched
+    assert (swapped[:, :2 * L] == donor[:, :2 * L]).all() and (swapped[:, 2 * L] == eot).all()
+    assert (swapped[:, 2 * L + 1:] == rows[:, 2 * L + 1:]).all()
+    first_target = 3 * L + 1  # its crop window: the L tokens before it, x_2L+1 .. x_3L
+    assert first_target - L == 2 * L + 1
+    at3 = protocols.swap_prefix(rows[:, L:], donor[:, L:], L, eot)  # a 3L input: its x_0 .. x_L replaced
+    assert (at3[:, L] == eot).all() and (at3[:, L + 1:] == rows[:, 2 * L + 1:]).all()
+    assert (at3 == swapped[:, L:]).all()  # the 4L row's suffix is the 3L swap: one swapped row serves both
+
+
+def test_exact_crop_is_bit_identical_on_both_arms_and_the_1L_null_is_zero():
+    torch.manual_seed(0)
+    L = 8
+    model = GPT(GPTConfig(block_size=L, vocab_size=60, n_layer=2, n_head=2, n_embd=16)).eval()
+    units = np.random.default_rng(2).integers(0, 59, size=(4, 4 * L + 1))
+    out = protocols.bojone(model, units, L, 8, protocols.donors([0, 0, 1, 1], np.random.default_rng(0)), 59,
+                           specs=["none", "yarn"])
+    assert (out["same"]["crop"] == out["swapped"]["crop"]).all()
+    for spec in ("none", "yarn"):
+        assert (out["same"][f"{spec}@1L"] == out["swapped"][f"{spec}@1L"]).all()
+        assert not np.allclose(out["same"][f"{spec}@4L"], out["swapped"][f"{spec}@4L"])  # the swap is read
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +158,7 @@ def test_one_run_alone_reads_the_protocols_asked_for(rung, tmp_path):
     run = rung / "code_small_seed0"
     protocols.main([str(run), "--protocols", "bojone", "--units", "6", "--no-wandb", "--out", str(tmp_path / "one")])
     result = json.loads((run / "protocols_test.json").read_text())
-    assert set(result) == {"ids", "L", "units", "bojone"} and result["ids"]["protocols"] == ["bojone"]
+    assert set(result) == {"ids", "L", "units", "unit_docs", "bojone"} and result["ids"]["protocols"] == ["bojone"]
     page = (tmp_path / "one" / "shapes.md").read_text()
     assert "bojone/rerope's protocol" in page and "YaRN's protocol" not in page
     with pytest.raises(UserError, match="holds no checkpoint: train it first .* or convert a model folder"):
