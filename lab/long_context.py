@@ -1,0 +1,350 @@
+"""A converted pretrained model read past its trained length L (docs/results/smollm2.md): does a method read context
+from more than L back, or only remove the whole-window baseline's handicap? Three readings, every method beside
+crop:
+
+- passkey: the YaRN paper's prompt (jquesnelle/yarn eval/passkey.py, from Landmark Attention: the task, the filler
+  "The grass is green. ...", the key's line at a depth, the filler, the question) at kL tokens. Greedy exact match
+  is read teacher-forced: greedy decoding writes the key exactly when every key token is the argmax given the
+  tokens before it, which one forward shows; the key's log-probability beside it.
+- loss: the first kL + 1 tokens of each held-out document scored from position 0, loss by position; crop on the
+  targets past L, strided (each window of L tokens scores its last --crop_stride targets).
+- bojone: the final L targets with kL tokens of input (bojone/rerope eval_loss.py), on the real units and on units
+  whose tokens more than L before the first final target come from another document (lab/protocols.py's swap: crop
+  reads none of them), so that the method on the real minus on the swapped units is what it reads from more than L
+  back and the method on the swapped units minus crop its distortion.
+
+Each item (a method on one trial, document or unit) is written to OUT/items/ as it lands: a killed run resumes, and
+--page writes the page from what has landed, each cell with its count.
+
+    python lab/long_context.py out/smollm2/run --out out/smollm2 --docs dev      # settings, on dev
+    python lab/long_context.py out/smollm2/run --out out/smollm2                 # the readings, on test
+    python lab/long_context.py out/smollm2/run --out out/smollm2 --page docs/results/smollm2.md
+"""
+import hashlib
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import (UserError, command_parser, json_text, parse_list, parse_number, run_cli, shared_values,
+                    write_atomic)
+from data.dataset import held_out, load_meta, load_split
+from data.tokenizer import run_tokenizer
+from eval.report import png, pyplot
+from eval.score import score_cropped, score_rows
+from lab.pages import generated, interval_text
+from lab.protocols import donors, method, swap_prefix
+from lab.stats import interval
+from runtime import load_checkpoint, load_run, model_from_checkpoint
+
+TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz "
+        "you about the important information there.")
+GARBAGE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+STAGES = ("passkey", "loss", "bojone")
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def default_methods(L):
+    """Every method the issue reads, with the published settings' ratios (ReRoPE's and Self-Extend's window L/4, as
+    bojone's 1,024 of 4k): the order is the order of the work, the field's question first."""
+    w = L // 4
+    return ["none", "crop", "yarn", "ntk", f"self-extend:window={w}", f"rerope:window={w}+logn", "dynamic-ntk", "pi",
+            "llama3", f"rerope:window={w}", "ntk-mixed+logn"]
+
+
+def passkey_row(encode, n, depth, key):
+    """(tokens [n + 1] of the YaRN prompt with the key's line at `depth` of the filler, the key's token count)."""
+    parts = [encode(TASK + "\n"), None, encode("\n" + NEEDLE.format(key=key) + "\n"), None,
+             encode("\n" + QUESTION), encode(f" {key}")]
+    garbage = encode(" ".join([GARBAGE] * (n // 10 + 10)))
+    room = n + 1 - sum(len(p) for p in parts if p is not None)
+    if room < 0:
+        raise UserError(f"a passkey prompt of {n} tokens is shorter than its task, key and question")
+    at = round(depth * room)
+    parts[1], parts[3] = garbage[:at], garbage[:room - at]
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]), len(parts[-1])
+
+
+def score(model, row, spec, L, last, rotary_dim, crop_stride):
+    """(NLL, hit) of the last `last` targets of one row under a method (crop: strided, score_cropped)."""
+    if spec == "crop":
+        return score_cropped(model, row[None], last, L, crop_stride)
+    how = method(spec, L, model.config.block_size, len(row) - 1, rotary_dim, None)
+    return score_rows(model, row[None], last=last, method=how)
+
+
+class Items:
+    """OUT/items/<name>.json, one per reading, written atomically as each lands."""
+
+    def __init__(self, out):
+        self.folder = Path(out) / "items"
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def get(self, name, compute):
+        path = self.folder / (name.replace("/", "__") + ".json")
+        if path.is_file():
+            return json.loads(path.read_text())
+        t0 = time.time()
+        value = dict(compute(), seconds=round(time.time() - t0, 1))
+        write_atomic(path, lambda f: f.write((json_text(value) + "\n").encode()))
+        print(f"{name}: {value['seconds']} s", flush=True)
+        return value
+
+    def all(self):
+        return {p.stem.replace("__", "/"): json.loads(p.read_text()) for p in sorted(self.folder.glob("*.json"))}
+
+
+def passkey_items(items, model, encode, L, a, rotary_dim):
+    rng = np.random.default_rng(0)
+    keys = rng.integers(1, 50001, size=(len(a.lengths), len(DEPTHS), a.trials))
+    for i, k in enumerate(a.lengths):
+        n = round(k * L)
+        for t in range(a.trials):
+            for spec in (m for m in a.methods if k > 1 or m in a.at_1x):
+                for j, depth in enumerate(DEPTHS):
+                    row, m = passkey_row(encode, n, depth, int(keys[i, j, t]))
+
+                    def compute():
+                        nll, hit = score(model, row, spec, L, m, rotary_dim, a.crop_stride)
+                        return dict(exact=bool(hit.all()), logp=-float(nll.sum()))
+                    items.get(f"passkey/{spec}@{k:g}x/d{depth:g}/t{t}", compute)
+
+
+def loss_items(items, model, tokens, docs, L, a, rotary_dim):
+    for k in a.lengths:
+        n = round(k * L)
+        usable = [d for d in docs if d[1] - d[0] >= n + 1][:a.units]
+        for i, (s, _) in enumerate(usable):
+            row = tokens[s:s + n + 1].astype(np.int64)
+            for spec in (m for m in a.methods if k > 1 or m in a.at_1x):
+                last = n - L if spec == "crop" else n  # crop differs from the whole window only past L
+
+                def compute():
+                    nll = score(model, row, spec, L, last, rotary_dim, a.crop_stride)[0][0]
+                    return dict(nll=np.round(nll.astype(float), 4).tolist(), doc=int(s))
+                if spec != "crop" or n > L:
+                    items.get(f"loss/{spec}@{k:g}x/u{i}", compute)
+
+
+def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
+    k = max(a.lengths)
+    n = round(k * L)
+    usable = [d for d in docs if d[1] - d[0] >= n + 1 + L]  # at least L into the document, as lab/protocols.py
+    starts = [int(d[1]) - n - 1 for d in usable][:a.units]  # each document's last kL + 1 tokens
+    unit_docs = list(range(len(starts)))
+    if len(starts) < 2:
+        raise UserError(f"bojone's protocol at {k:g}L needs two documents of {n + 1 + L} tokens; {len(starts)} found")
+    units = np.stack([tokens[s:s + n + 1] for s in starts]).astype(np.int64)
+    swapped = swap_prefix(units, units[donors(unit_docs, np.random.default_rng(1))], L, eot)
+    for i in range(len(units)):
+        items.get(f"bojone/crop/u{i}", lambda: dict(
+            nll=float(score_cropped(model, units[i:i + 1], L, L, a.crop_stride)[0].mean())))
+        for spec in (m for m in a.methods if m != "crop"):
+            for arm, rows in (("same", units), ("swapped", swapped)):
+                for j in (1, k):
+                    if j == 1 and arm == "swapped":
+                        continue  # nothing is swapped in the last L + 1 tokens: the null is zero by construction
+
+                    def compute():
+                        row = rows[i, -(round(j * L) + 1):]
+                        how = method(spec, L, model.config.block_size, len(row) - 1, rotary_dim, float(k))
+                        return dict(nll=float(score_rows(model, row[None], last=L, method=how)[0].mean()))
+                    items.get(f"bojone/{arm}/{spec}@{j:g}L/u{i}", compute)
+
+
+def tensors_id(state):
+    """The first 16 hex digits of the sha256 of the weights as loaded (names, shapes, bytes): the same model converted
+    into another run folder (another dataset named) keeps its id, so its readings stay its own."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def parse(argv):
+    p = command_parser(__doc__, "device")
+    p.add_argument("run", help="a converted run folder (python pretrained.py MODEL --out RUN --dataset NAME)")
+    p.add_argument("--out", required=True, help="the readings' folder: items land in OUT/items")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"which, in this order: {', '.join(STAGES)}")
+    p.add_argument("--methods", default="auto", help="methods (lab/protocols.py's names; auto: default_methods)")
+    p.add_argument("--at_1x", default="none,self-extend,rerope", help="the methods read at 1x too, by name "
+                   "(the others, log-n and crop equal none there)")
+    p.add_argument("--lengths", default="1,2", help="multiples of L (bojone: the largest, with 1)")
+    p.add_argument("--trials", default="1", help="passkey trials per length and depth")
+    p.add_argument("--units", default="8", help="documents (loss) and units (bojone) read, at most")
+    p.add_argument("--crop_stride", default="1024", help="crop's stride in targets (1: exact, one forward a target)")
+    p.add_argument("--docs", default="test", help="held-out documents: dev or test")
+    p.add_argument("--page", default=None, help="write the page (markdown, with .json and .png beside) from the items")
+    a = p.parse_args(argv)
+    a.lengths = parse_list(a.lengths, "lengths", float)
+    a.trials, a.units = parse_number(a.trials, "trials", int, 1), parse_number(a.units, "units", int, 1)
+    a.crop_stride = parse_number(a.crop_stride, "crop_stride", int, 1)
+    a.stages = parse_list(a.stages, "stages", str, STAGES)
+    a.device = shared_values(a)["device"]
+    if a.docs not in ("dev", "test"):
+        raise UserError(f"unknown --docs {a.docs!r}; allowed: dev, test")
+    return a
+
+
+def main(argv):
+    a = parse(argv)
+    run = Path(a.run)
+    text = {"loss", "bojone"} & set(a.stages) and not a.page  # the passkey prompt needs no held-out text
+    if text:
+        model, ckpt, data_dir = load_run(run, a.device)
+    else:
+        ckpt = load_checkpoint(run, a.device)
+        model = model_from_checkpoint(ckpt).to(a.device).eval()
+    ids = dict(weights=tensors_id(ckpt["model"]), docs=a.docs, crop_stride=a.crop_stride)
+    out = Path(a.out) / a.docs
+    out.mkdir(parents=True, exist_ok=True)
+    if (known := out / "ids.json").is_file() and json.loads(known.read_text()) != ids:
+        raise UserError(f"{out} holds readings of other weights or options ({known}); use another --out")
+    write_atomic(known, lambda f: f.write((json_text(ids) + "\n").encode()))
+    L, rotary_dim = model.config.train_len, model.config.n_embd // model.config.n_head
+    a.methods = default_methods(L) if a.methods == "auto" else parse_list(a.methods, "methods", str)
+    a.at_1x = [m for m in a.methods if m.split(":")[0] in a.at_1x.split(",") and "+logn" not in m]
+    items = Items(out)
+    if a.page:
+        return write_report(items.all(), L, a, ckpt, " ".join(["python lab/long_context.py", *map(shlex.quote, argv)]))
+    tokens, docs = (load_split(data_dir, "val")[0], held_out(load_split(data_dir, "val")[1], a.docs)) if text else (None, None)
+    for stage in a.stages:
+        if stage == "passkey":
+            passkey_items(items, model, run_tokenizer(ckpt).encode_ordinary, L, a, rotary_dim)
+        elif stage == "loss":
+            loss_items(items, model, tokens, docs, L, a, rotary_dim)
+        else:
+            bojone_items(items, model, tokens, docs, L, a, rotary_dim, load_meta(data_dir)["eot_token"])
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def collect(found, prefix):
+    """{rest: [items]} of the items under prefix, grouped by what precedes the last '/'."""
+    out = {}
+    for name, value in found.items():
+        if name.startswith(prefix + "/"):
+            out.setdefault(name[len(prefix) + 1:].rsplit("/", 1)[0], []).append((name.rsplit("/", 1)[1], value))
+    return out
+
+
+def loss_table(found, L, methods):
+    """Rows of the loss reading at each length: mean NLL within L and past L, and past L minus crop on the same
+    documents with its interval over documents."""
+    got = collect(found, "loss")
+    lines = []
+    for key in sorted({k.split("@")[1] for k in got}):
+        crop = dict(got.get(f"crop@{key}", []))
+        lines += [f"\n**{key} ({round(float(key[:-1]) * L)} tokens)**: mean NLL by the target's position, and past L "
+                  "minus crop on the same documents (negative: the longer context helps; 95% interval over "
+                  "documents).\n", "| method | documents | within L | past L | past L minus crop |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for spec in methods:
+            units = dict(got.get(f"{spec}@{key}", []))
+            if not units:
+                continue
+            nll = [np.asarray(v["nll"]) for v in units.values()]
+            within = np.mean([x[:L].mean() for x in nll])
+            past = [x[L:].mean() for x in nll if len(x) > L] if spec != "crop" else [x.mean() for x in nll]
+            both = [u for u in units if u in crop and spec != "crop"]
+            diff = [[np.mean(units[u]["nll"][L:]) - np.mean(crop[u]["nll"]) for u in both]]
+            c = interval(diff) if len(both) > 1 else None
+            lines.append(f"| `{spec}` | {len(units)} | {'' if spec == 'crop' else f'{within:.3f}'} | "
+                         f"{np.mean(past):.3f} | " + (interval_text(c) if c else "") + " |" if past else
+                         f"| `{spec}` | {len(units)} | {within:.3f} | | |")
+    return lines
+
+
+def bojone_table(found, methods):
+    """Rows of the decomposition: per method, with 95% intervals over units (each from its own document)."""
+    crop = {name.rsplit("/", 1)[1]: v["nll"] for name, v in found.items() if name.startswith("bojone/crop/")}
+    same, swapped = collect(found, "bojone/same"), collect(found, "bojone/swapped")
+    lines = ["| method | units | 1L minus crop | kL minus crop | distortion (swapped kL minus crop) | reads past L "
+             "(real kL minus swapped kL) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    ks = sorted({k.split("@")[1] for k in swapped})
+    for spec in methods:
+        for k in ks:
+            real, swap, one = (dict(d.get(f"{spec}@{x}", [])) for d, x in ((same, k), (swapped, k), (same, "1L")))
+            units = [u for u in real if u in swap and u in crop]
+            if len(units) < 2:
+                continue
+            ci = lambda f: interval_text(interval([[f(u) for u in units]]))
+            at1 = [u for u in one if u in crop]
+            lines.append(f"| `{spec}` ({k}) | {len(units)} | "
+                         + (interval_text(interval([[one[u]['nll'] - crop[u] for u in at1]])) if len(at1) > 1 else "")
+                         + f" | {ci(lambda u: real[u]['nll'] - crop[u])} | {ci(lambda u: swap[u]['nll'] - crop[u])} | "
+                         f"{ci(lambda u: real[u]['nll'] - swap[u]['nll'])} |")
+    return lines
+
+
+def passkey_grid(found, methods):
+    """{method: {(length, depth): [exact per trial]}}."""
+    grid = {}
+    for name, v in found.items():
+        if name.startswith("passkey/"):
+            _, at, depth, _ = name.split("/")
+            spec, length = at.rsplit("@", 1)
+            grid.setdefault(spec, {}).setdefault((length, float(depth[1:])), []).append(v["exact"])
+    return {m: grid[m] for m in methods if m in grid}
+
+
+def passkey_plot(grid, L):
+    plt = pyplot()
+    n = len(grid)
+    cols = min(4, n)
+    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(3.2 * cols, 2.6 * math.ceil(n / cols)), squeeze=False)
+    lengths = sorted({k for cells in grid.values() for k, _ in cells}, key=lambda s: float(s[:-1]))
+    for ax, (spec, cells) in zip(axes.flat, grid.items()):
+        acc = np.full((len(DEPTHS), len(lengths)), np.nan)
+        for (length, depth), hits in cells.items():
+            acc[DEPTHS.index(depth), lengths.index(length)] = np.mean(hits)
+        ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set(xticks=range(len(lengths)), xticklabels=[f"{float(s[:-1]) * L / 1024:g}k" for s in lengths],
+               yticks=range(len(DEPTHS)), yticklabels=[f"{d:g}" for d in DEPTHS], title=spec, xlabel="length",
+               ylabel="depth of the key")
+        for (i, j), v in np.ndenumerate(acc):
+            if not np.isnan(v):
+                ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("passkey, greedy exact match (teacher-forced)")
+    return png(fig)
+
+
+def write_report(found, L, a, ckpt, command):
+    grid = passkey_grid(found, a.methods)
+    lines = [f"# {Path(a.run).name}: a real model read past its trained length\n", f"{generated(command)}\n",
+             f"Trained length L = {L}; the {a.docs} documents; crop strided at {a.crop_stride} (each target from "
+             f"{L - a.crop_stride + 1} to {L} tokens). Each cell counts the items it rests on; intervals are 95%, "
+             "bootstrap over documents.\n", "## Passkey (greedy exact match, teacher-forced)\n",
+             "| method | " + " | ".join(f"depth {d:g}" for d in DEPTHS) + " |", "| --- |" + " ---: |" * len(DEPTHS)]
+    for spec, cells in grid.items():
+        for length in sorted({k for k, _ in cells}, key=lambda s: float(s[:-1])):
+            row = [cells.get((length, d)) for d in DEPTHS]
+            lines.append(f"| `{spec}` at {length} | " + " | ".join(
+                f"{sum(h)}/{len(h)}" if h else "" for h in row) + " |")
+    lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
+    lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n"] + bojone_table(found, a.methods)
+    page = Path(a.page)
+    page.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(page, lambda f: f.write(("\n".join(lines) + "\n").encode()))
+    write_atomic(page.with_suffix(".json"), lambda f: f.write((json_text(dict(command=command, items=found)) + "\n")
+                                                              .encode()))
+    if grid:
+        figure = passkey_plot(grid, L)
+        write_atomic(page.with_suffix(".png"), lambda f: f.write(figure))
+    print(f"-> {page}")
+
+
+if __name__ == "__main__":
+    run_cli("long_context.py", lambda: main(sys.argv[1:]))
