@@ -1,5 +1,5 @@
 """Prepare held-out text written after 2024, for pretrained models whose training data ends in 2024 (SmolLM2): the
-Python source of 33 packages first released on PyPI in 2025 or later, one document per package (its files in path
+Python source of 32 packages first released on PyPI in 2025 or later, one document per package (its files in path
 order), every document held out. Where they come from and why such a model cannot have read them: docs/pretrained.md.
 
     python data/recent/prepare.py --tokenizer MODEL_DIR [--overwrite]
@@ -17,7 +17,8 @@ from data.tokenizer import folder_tokenizer
 from data.writer import claim_corpus, is_prepared, pip_download, write_documents
 from common import UserError, command_parser, run_cli
 
-# name: (version, sha256 of its py3-none-any wheel); each the newest release when pinned (November 2026)
+# name: (version, sha256 of its py3-none-any wheel); each the newest release on 28 November 2026 (hud-python's
+# for Python 3.13), first released in 2025 or later: docs/pretrained.md says how its files show it
 PACKAGES = {
     "a2a-sdk": ("1.3.0", "b94a73b5dc7ff1afe5f11d324480f83386a64d02b8a6b719baf013595284cc6c"),
     "agent-framework-core": ("1.23.0", "b16e8b44c0033e28d339d03d3b6367f0bec2dd8da9d533b8ba6c278d6a72bd01"),
@@ -36,7 +37,6 @@ PACKAGES = {
     "kimi-cli": ("1.52.0", "7becbb9081e0c1194b481fe06087ceceaf12bad9f3798fcefc1e3dd2e80b90b2"),
     "langextract": ("1.7.1", "0b075b90c3f6ecd0504ab117e2c809a301c27aa408c3a85f70cfe5ff1fb32bd8"),
     "magentic-ui": ("0.2.2", "627fe04c6b90d32542605ffac268716ceefd3dccfcb5e9f422c112253ba2272e"),
-    "mcp-agent": ("0.2.6", "184205d9a16535264497568b3ca2a805c8ac8e36144f6ff4264bdb785d71f745"),
     "mcp-use": ("1.7.1", "e92ee5032c02e8f4a2cde7b2ec1877c72064ff209543ff011c1170a5125d8922"),
     "mini-swe-agent": ("2.4.6", "a35463c553ac825c7773b03cfa69cd44958e3af20155dcc5711fdf9e4c67cd54"),
     "openai-agents": ("0.24.0", "18d4ac34e84ed937333ec8ce46395ed3521ffcbb0a521780a4c2eaa451467f49"),
