@@ -438,6 +438,9 @@ def convert(source, out, dataset=None):
     try:
         if held := run_files(out):
             raise UserError(f"{out} already holds a run ({', '.join(held)}): give another --out")
+        if inputs := sorted(p.name for p in out.iterdir() if p.name in ("config.json", "meta.json")
+                            or p.suffix in (".safetensors", ".gguf", ".bin")):
+            raise UserError(f"{out} is a model or data folder (it holds {inputs[0]}): give --out a folder of its own")
         try:  # a read-only or immutable folder (root ignores a folder's mode, not those)
             tempfile.TemporaryFile(dir=out).close()
         except OSError as e:
