@@ -315,6 +315,9 @@ def gguf_config(reader, where):
         raise UserError(f"{where}: general.architecture {arch!r} is not one ropelab reads from a GGUF file "
                         f"(it reads {', '.join(GGUF_ARCHITECTURES)}; other families from a Hugging Face folder)")
     meta = gguf_metadata(reader, f"{arch}.")
+    if meta.get(f"{arch}.expert_count"):  # Mixtral's GGUF is "llama" too
+        raise UserError(f"{where}: expert_count {meta[f'{arch}.expert_count']!r}: a mixture of experts, which "
+                        "ropelab does not read")
     cfg = {"model_type": arch, **{hf: meta[f"{arch}.{k}"] for k, hf in GGUF_CONFIG.items() if f"{arch}.{k}" in meta},
            "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors)}
     cfg.setdefault("vocab_size", len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -358,7 +361,7 @@ def gguf_weights(reader, config, where):
         stem, _, suffix = kind.rpartition(".")
         w = np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # a copy: not the mapped file
         w = torch.from_numpy(w).reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
-        if stem in heads_of:
+        if stem in heads_of and w.shape[0] == heads_of[stem] * hd:  # another shape: Weights names it
             w = heads(w, heads_of[stem], interleaved)
         hf = GGUF_TENSORS.get(stem)
         name = t.name if hf is None else f"model.layers.{layer}.{hf}.{suffix}" if layer else f"{hf}.{suffix}"
