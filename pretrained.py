@@ -59,8 +59,8 @@ CONFIG_KEYS = {  # config.json, one row a key: ((test, what is allowed), default
     "use_sliding_window": (BOOL, False),
     "hidden_act": (TEXT, None),
 }
-ROPE_KEYS = {k: (CONFIG_KEYS[k][0], None) for k in ("rope_theta", "partial_rotary_factor")}  # v5 nests them
-MODEL_KEYS = ("rope_theta", "partial_rotary_factor")  # the model's, not a scaling's
+MODEL_KEYS = ("rope_theta", "partial_rotary_factor")  # the model's, not a scaling's: v5 nests them in the dict
+ROPE_KEYS = {k: (CONFIG_KEYS[k][0], None) for k in MODEL_KEYS}
 
 
 def rope_settings(c, family, where):
@@ -145,12 +145,11 @@ def config_of(cfg, where):
 def index_files(index, folder):
     """The files model.safetensors.index.json's weight_map names, each inside the folder."""
     weight_map = checked(read_json(index, "a safetensors index"), {"weight_map": (DICT, REQUIRED)}, index)["weight_map"]
-    files = sorted(set(weight_map.values()), key=str)
     inside = Path(folder).resolve()
-    for name in files:
+    for name in weight_map.values():
         if not isinstance(name, str) or not (inside / name).resolve().is_relative_to(inside):
             raise UserError(f"{index}: weight_map names {name!r}, not a file inside {folder}")
-    return files
+    return sorted(set(weight_map.values()))
 
 
 def read_weights(folder):
@@ -367,10 +366,8 @@ def gguf_weights(reader, config, where):
         name = t.name if hf is None else f"model.layers.{layer}.{hf}.{suffix}" if layer else f"{hf}.{suffix}"
         tensors[name] = w
     path = Path(where)
-    sha = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            sha.update(chunk)
+        sha = hashlib.file_digest(f, "sha256")
     record = {"file": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha.hexdigest(),
               "types": dict(sorted(types.items())), "name": gguf_metadata(reader, "general.name").get("general.name")}
     return tensors, record

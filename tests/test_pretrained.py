@@ -342,6 +342,7 @@ def test_weights_are_checked_like_data(llama):
 @pytest.mark.parametrize("weight_map, message", [
     ([], "model.safetensors.index.json is not a JSON object but list"),
     ({"model.norm.weight": 3}, "weight_map names 3, not a file inside"),
+    ({"model.norm.weight": ["model.safetensors"]}, "weight_map names ['model.safetensors'], not a file inside"),
     ({"model.norm.weight": "../outside.safetensors"}, "weight_map names '../outside.safetensors', not a file inside")])
 def test_a_shard_index_is_checked_and_reads_only_files_inside_the_folder(llama, weight_map, message):
     import shutil
