@@ -388,14 +388,11 @@ def held_out_text(dataset, tokenizer, folder):
 
 
 def check_vocabulary(tokenizer, config, where):
-    """Every id the tokenizer gives, and its end-of-text id, has a row in the embedding."""
+    """Every id the tokenizer gives (its end-of-text id is one of them) has a row in the embedding."""
     largest = max(tokenizer.tok.get_vocab(with_added_tokens=True).values())
     if largest >= config.vocab_size:
         raise UserError(f"{where}: the tokenizer's ids reach {largest:,}, past vocab_size {config.vocab_size:,}: "
                         "the embedding has no row for them")
-    if tokenizer.eot_token is not None and tokenizer.eot_token >= config.vocab_size:
-        raise UserError(f"{where}: the end-of-text id {tokenizer.eot_token:,} is past vocab_size "
-                        f"{config.vocab_size:,}")
 
 
 def run_of(source, name, dataset=None):

@@ -134,7 +134,14 @@ class ModelTokenizer:
             raise UserError(f"{where} is damaged ({str(e)[:80]})") from None
         self.text, self.identity = text, {"tokenizer.json": hashlib.sha256(text.encode()).hexdigest()}
         self.n_vocab = self.tok.get_vocab_size(with_added_tokens=True)
-        self.eot_token = eot_token
+        self.eot_token = self.token(eot_token, where)
+
+    def token(self, eot, where):
+        """eot, once it is one of the tokenizer's ids (None: the model names no end-of-text token)."""
+        if eot is not None and self.tok.id_to_token(eot) is None:
+            raise UserError(f"{where}: the end-of-text id {eot:,} is not a token of its tokenizer "
+                            f"({self.n_vocab:,} ids)")
+        return eot
 
     def encode_ordinary(self, text):
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -163,7 +170,7 @@ def folder_tokenizer(model_dir):
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is damaged (not UTF-8 at byte {e.start})") from None
     tokenizer = ModelTokenizer(text, None, path)
-    tokenizer.eot_token = end_of_text(model_dir, tokenizer.tok)
+    tokenizer.eot_token = tokenizer.token(end_of_text(model_dir, tokenizer.tok), model_dir)
     return tokenizer
 
 

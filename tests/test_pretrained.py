@@ -300,8 +300,8 @@ def test_tokenizer_config_json_is_checked_as_config_json_is(llama):
 def test_a_vocabulary_smaller_than_the_tokenizers_ids_is_refused(tmp_path):
     hf_model(tmp_path / "m", "llama", vocab_size=200)  # its tokenizer has 300 ids
     assert "the tokenizer's ids reach 299, past vocab_size 200" in refused(tmp_path / "m")
-    hf_model(tmp_path / "n", "llama", eos_token_id=400)
-    assert "the end-of-text id 400 is past vocab_size 320" in refused(tmp_path / "n")
+    hf_model(tmp_path / "n", "llama", eos_token_id=310)  # inside the model's 320 rows, past the tokenizer's 300
+    assert "the end-of-text id 310 is not a token of its tokenizer (300 ids)" in refused(tmp_path / "n")
 
 
 def test_rope_scaling_beside_rope_parameters_reads_as_transformers_or_is_refused(llama):
