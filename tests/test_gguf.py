@@ -157,3 +157,15 @@ def test_a_gguf_files_metadata_goes_through_the_config_checks(tmp_path, bpe):
     assert "a.gguf's metadata: num_attention_heads 0 is not allowed: an integer >= 1" in error
     error = refused(write_gguf(tmp_path / "b.gguf", bpe, rope_freq_base=float("inf")))
     assert "b.gguf's metadata: rope_theta Infinity is not allowed: a number > 0" in error
+
+
+def test_a_gguf_files_rope_scaling_is_its_trained_state(tmp_path, bpe):
+    """llama.cpp's rope.scaling.* keys as the rope_scaling a Hugging Face config would hold; one it has no
+    place for is refused, not dropped."""
+    path = write_gguf(tmp_path / "yarn.gguf", bpe, rope_scaling_type=gguf.RopeScalingType.YARN,
+                      rope_scaling_factor=4.0, rope_scaling_orig_ctx_len=8)
+    assert load_checkpoint(converted(path))["model_args"]["rope_scaling"] == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    error = refused(write_gguf(tmp_path / "attn.gguf", bpe, rope_scaling_type=gguf.RopeScalingType.LINEAR,
+                               rope_scaling_factor=2.0, rope_scaling_attn_factors=0.5))
+    assert "rope.scaling.attn_factor is not read (ropelab reads rope.scaling.type, factor" in error
