@@ -430,6 +430,12 @@ def convert(source, out, dataset=None):
     already there is refused, and so is a folder the checkpoint cannot be written into, before the work."""
     if not str(out).strip():
         raise UserError(f"--out {str(out)!r} is blank: name the run folder to write")
+    for option, name in (("MODEL_DIR", source), ("--out", out)):
+        try:
+            str(name).encode()  # a name the file system gave back undecoded (surrogates) has no UTF-8
+        except UnicodeEncodeError:
+            raise UserError(f"{option} {str(name)!r} is not a UTF-8 name (safetensors, JSON and the run's record "
+                            "need one): rename it") from None
     out = Path(out)
     claim_run_folder(out, "pretrained", "one writer per run folder", "--out")
     try:

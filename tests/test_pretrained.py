@@ -367,6 +367,18 @@ def test_a_blank_out_is_refused(llama, out, monkeypatch):
     assert sorted(p.name for p in llama.parent.iterdir()) == ["m"]
 
 
+def test_a_name_that_is_not_utf8_is_one_line(llama):
+    import os
+    bad = os.fsdecode(str(llama).encode() + b"\xff")
+    os.rename(llama, bad)
+    with pytest.raises(UserError, match=r"MODEL_DIR '.*m\\udcff' is not a UTF-8 name .*: rename it"):
+        convert(bad, llama.with_name("run"))
+    os.rename(bad, llama)
+    with pytest.raises(UserError, match=r"--out '.*run\\udcff' is not a UTF-8 name"):
+        convert(llama, os.fsdecode(str(llama.with_name("run")).encode() + b"\xff"))
+    assert sorted(p.name for p in llama.parent.iterdir()) == ["m"]
+
+
 def test_a_model_or_data_folder_is_not_an_out(llama, dataset):
     for folder, held in ((llama, "config.json"), (Path(dataset), "meta.json")):
         before = sorted(folder.iterdir())
