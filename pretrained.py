@@ -60,7 +60,7 @@ CONFIG_KEYS = {  # config.json, one row a key: ((test, what is allowed), default
     "hidden_act": (TEXT, None),
 }
 MODEL_KEYS = ("rope_theta", "partial_rotary_factor")  # the model's, not a scaling's: v5 nests them in the dict
-ROPE_KEYS = {k: (CONFIG_KEYS[k][0], None) for k in MODEL_KEYS}
+ROPE_KEYS = {k: (CONFIG_KEYS[k][0], None) for k in MODEL_KEYS} | {"rope_type": (TEXT, None), "type": (TEXT, None)}
 
 
 def rope_settings(c, family, where):
@@ -75,6 +75,7 @@ def rope_settings(c, family, where):
                    if p is not None)
     scaling = {k: v for k, v in params.items() if k not in MODEL_KEYS}
     if legacy := c["rope_scaling"]:
+        checked(legacy, ROPE_KEYS, f"{where}: rope_scaling")  # the rest of the dict: config.check_scaling
         if scaling_type(scaling) != "default" and same_scaling(scaling) != same_scaling(legacy):
             refuse(where, f"rope_scaling {legacy} and rope_parameters {params} name two scalings: keep one")
         scaling = {k: v for k, v in legacy.items() if k not in MODEL_KEYS}

@@ -278,6 +278,9 @@ def llama(tmp_path):
     ("rope_theta", float("inf"), "rope_theta Infinity is not allowed: a number > 0"),
     ("rope_parameters", {"rope_type": "default", "rope_theta": "abc"},
      'rope_parameters: rope_theta "abc" is not allowed: a number > 0'),
+    ("rope_scaling", {"rope_type": ["linear"], "factor": 2.0},
+     'rope_scaling: rope_type ["linear"] is not allowed: a string'),
+    ("rope_scaling", {"rope_type": "linear", "factor": "abc"}, "rope_scaling factor must be a number >= 1, got 'abc'"),
     ("tie_word_embeddings", "false", 'tie_word_embeddings "false" is not allowed: true or false'),
     ("eos_token_id", [], "eos_token_id [] is not allowed: a token id >= 0 or a non-empty list of them"),
     ("rms_norm_eps", -1e-6, "rms_norm_eps -1e-06 is not allowed: a number > 0")])
