@@ -55,7 +55,7 @@ def number(test, allowed):  # finite: NaN passes no comparison, inf leaves no fr
 
 
 def kind(t, allowed):
-    return lambda v: isinstance(v, t) and not (t is int and isinstance(v, bool)), allowed
+    return lambda v: isinstance(v, t), allowed
 
 
 def token_ids(v):
@@ -90,7 +90,7 @@ def checked(values, keys, where):
                 raise UserError(f"{where}: no {key!r} ({allowed})")
             out[key] = default
         elif not test(value):
-            raise UserError(f"{where}: {key} {json.dumps(value)[:60]} is not allowed: {allowed}")
+            raise UserError(f"{where}: {key} {json.dumps(value, default=repr)[:60]} is not allowed: {allowed}")
         else:
             out[key] = value
     return out
@@ -103,7 +103,7 @@ def read_json(path, what):
     except FileNotFoundError:
         raise UserError(f"{path} is missing: a model folder holds config.json, *.safetensors and "
                         "tokenizer.json") from None
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError; so is a NaN's JSON
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise UserError(f"{path} is damaged: not {what} ({type(e).__name__}: {str(e)[:60]})") from None
 
 
