@@ -250,6 +250,181 @@ def test_a_model_naming_no_end_of_text_token_samples_from_a_prompt_only(tmp_path
         prepare(tmp_path / "texts", out_dir=tmp_path / "data", tokenizer=tmp_path / "m", workers=1)
 
 
+# ----------------------------------------------------------------------------- a model folder is untrusted input
+
+def edit(folder, name="config.json", **changes):
+    """folder/name (a JSON file) with changes; a text written as it is."""
+    path = folder / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.fixture
+def llama(tmp_path):
+    hf_model(tmp_path / "m", "llama")
+    return tmp_path / "m"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_hidden_layers", "2", 'num_hidden_layers "2" is not allowed: an integer >= 1'),
+    ("num_hidden_layers", 2.5, "num_hidden_layers 2.5 is not allowed: an integer >= 1"),
+    ("num_attention_heads", 0, "num_attention_heads 0 is not allowed: an integer >= 1"),
+    ("intermediate_size", 0, "intermediate_size 0 is not allowed: an integer >= 1"),
+    ("vocab_size", "320", 'vocab_size "320" is not allowed: an integer >= 1'),
+    ("max_position_embeddings", None, "max_position_embeddings null is not allowed: an integer >= 1"),
+    ("rope_scaling", "linear", 'rope_scaling "linear" is not allowed: a JSON object'),
+    ("rope_scaling", ["linear", 2], 'rope_scaling ["linear", 2] is not allowed: a JSON object'),
+    ("rope_theta", "abc", 'rope_theta "abc" is not allowed: a number > 0'),
+    ("rope_theta", None, "rope_theta null is not allowed: a number > 0"),
+    ("rope_theta", float("inf"), "rope_theta Infinity is not allowed: a number > 0"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": "abc"},
+     'rope_parameters: rope_theta "abc" is not allowed: a number > 0'),
+    ("rope_scaling", {"rope_type": ["linear"], "factor": 2.0},
+     'rope_scaling: rope_type ["linear"] is not allowed: a string'),
+    ("rope_scaling", {"rope_type": "linear", "factor": "abc"}, "rope_scaling factor must be a number >= 1, got 'abc'"),
+    ("tie_word_embeddings", "false", 'tie_word_embeddings "false" is not allowed: true or false'),
+    ("eos_token_id", [], "eos_token_id [] is not allowed: a token id >= 0 or a non-empty list of them"),
+    ("rms_norm_eps", -1e-6, "rms_norm_eps -1e-06 is not allowed: a number > 0")])
+def test_every_value_of_config_json_is_checked_by_its_key(llama, key, value, message):
+    edit(llama, **{key: value})
+    assert f"config.json: {message}" in refused(llama)
+
+
+def test_tokenizer_config_json_is_checked_as_config_json_is(llama):
+    edit(llama, eos_token_id=None)  # the end-of-text token is then tokenizer_config.json's
+    (llama / "tokenizer_config.json").write_text("{not json")
+    assert "tokenizer_config.json is damaged: not JSON" in refused(llama)
+    (llama / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"special": True}}))
+    assert "tokenizer_config.json: eos_token {\"special\": true} is not allowed: a token's text" in refused(llama)
+    (llama / "generation_config.json").write_text("[not read]")  # transformers' sampling settings: not read
+    (llama / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|endoftext|>"}}))
+    assert load_checkpoint(converted(llama))["pretrained"]["eot_token"] == 0
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_ids_is_refused(tmp_path):
+    hf_model(tmp_path / "m", "llama", vocab_size=200)  # its tokenizer has 300 ids
+    assert "the tokenizer's ids reach 299, past vocab_size 200" in refused(tmp_path / "m")
+    hf_model(tmp_path / "n", "llama", eos_token_id=310)  # inside the model's 320 rows, past the tokenizer's 300
+    assert "the end-of-text id 310 is not a token of its tokenizer (300 ids)" in refused(tmp_path / "n")
+
+
+def test_rope_scaling_beside_rope_parameters_reads_as_transformers_or_is_refused(llama):
+    default = json.loads((llama / "config.json").read_text())["rope_parameters"]
+    edit(llama, rope_scaling={"rope_type": "linear", "factor": 2.0},
+         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+    assert "rope_scaling {'rope_type': 'linear', 'factor': 2.0} and rope_parameters {'rope_type': 'yarn'" \
+        in refused(llama)
+    edit(llama, rope_parameters=default)  # as v5 writes it: the default, beside a v4 rope_scaling
+    hf = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
+    assert hf.config.rope_parameters["rope_type"] == "linear"
+    with torch.no_grad():
+        assert (ours(llama)(tokens())[0] - hf(tokens()).logits).abs().max() < 1e-4
+
+
+def test_a_tied_head_beside_another_lm_head_weight_is_refused(tmp_path):
+    hf_model(tmp_path / "m", "llama")  # untied: lm_head.weight is its own
+    edit(tmp_path / "m", tie_word_embeddings=True)
+    assert "tie_word_embeddings is true but lm_head.weight is not the embedding" in refused(tmp_path / "m")
+
+
+def test_weights_are_checked_like_data(llama):
+    from safetensors.torch import load_file, save_file
+    path = llama / "model.safetensors"
+    tensors = load_file(path)
+    bad = dict(tensors)
+    bad["model.norm.weight"] = torch.full_like(bad["model.norm.weight"], float("nan"))
+    save_file(bad, path)
+    assert "model.norm.weight holds 64 NaN or infinite values" in refused(llama)
+    bad["model.norm.weight"] = torch.ones(64, dtype=torch.int32)
+    save_file(bad, path)
+    assert "model.norm.weight holds torch.int32 values, not floating-point weights" in refused(llama)
+    save_file(tensors, path)
+    save_file({"model.norm.weight": tensors["model.norm.weight"] * 2}, llama / "other.safetensors")
+    assert "model.norm.weight is in both model.safetensors and other.safetensors: one file per" in refused(llama)
+
+
+@pytest.mark.parametrize("weight_map, message", [
+    ([], "model.safetensors.index.json is not a JSON object but list"),
+    ({"model.norm.weight": 3}, "weight_map names 3, not a file inside"),
+    ({"model.norm.weight": ["model.safetensors"]}, "weight_map names ['model.safetensors'], not a file inside"),
+    ({"model.norm.weight": "../outside.safetensors"}, "weight_map names '../outside.safetensors', not a file inside")])
+def test_a_shard_index_is_checked_and_reads_only_files_inside_the_folder(llama, weight_map, message):
+    import shutil
+    shutil.copy(llama / "model.safetensors", llama.parent / "outside.safetensors")
+    index = weight_map if isinstance(weight_map, list) else {"metadata": {}, "weight_map": weight_map}
+    (llama / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert message in refused(llama)
+
+
+def test_a_dangling_model_safetensors_is_named_as_such(llama):
+    (llama / "model.safetensors").unlink()
+    (llama / "model.safetensors").symlink_to(llama / "gone.safetensors")
+    error = refused(llama)
+    assert "model.safetensors is missing (a link to no file)" in error and "index" not in error
+
+
+@pytest.mark.parametrize("out", ["", "   "])
+def test_a_blank_out_is_refused(llama, out, monkeypatch):
+    monkeypatch.chdir(llama.parent)
+    with pytest.raises(UserError, match=f"--out '{out}' is blank: name the run folder"):
+        convert(llama, out)
+    assert sorted(p.name for p in llama.parent.iterdir()) == ["m"]
+
+
+def test_a_name_that_is_not_utf8_is_one_line(llama):
+    import os
+    bad = os.fsdecode(str(llama).encode() + b"\xff")
+    os.rename(llama, bad)
+    with pytest.raises(UserError, match=r"MODEL_DIR '.*m\\udcff' is not a UTF-8 name .*: rename it"):
+        convert(bad, llama.with_name("run"))
+    os.rename(bad, llama)
+    with pytest.raises(UserError, match=r"--out '.*run\\udcff' is not a UTF-8 name"):
+        convert(llama, os.fsdecode(str(llama.with_name("run")).encode() + b"\xff"))
+    assert sorted(p.name for p in llama.parent.iterdir()) == ["m"]
+
+
+def test_a_model_or_data_folder_is_not_an_out(llama, dataset):
+    for folder, held in ((llama, "config.json"), (Path(dataset), "meta.json")):
+        before = sorted(folder.iterdir())
+        with pytest.raises(UserError, match=f"is a model or data folder \\(it holds {held}\\): give --out a folder"):
+            convert(llama, folder)
+        assert sorted(folder.iterdir()) == before
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_conversion(llama, monkeypatch):
+    import subprocess
+    import pretrained
+    out = llama.with_name("m-run")
+    out.mkdir()
+    if subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode:  # root ignores a mode
+        pytest.skip("chattr +i is not available here")
+    monkeypatch.setattr(pretrained, "run_of", lambda *a: pytest.fail("converted before the folder was checked"))
+    try:
+        with pytest.raises(UserError, match="output folder .*m-run cannot be written .*: give another --out"):
+            convert(llama, out)
+    finally:
+        subprocess.run(["chattr", "-i", str(out)])
+
+
+def test_a_disk_that_fills_during_the_save_is_one_line(llama, monkeypatch):
+    import io
+    import pretrained
+
+    class FullDisk(io.RawIOBase):  # what a file on a full disk does once its first bytes are in
+        written = 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.written += len(b)
+            if self.written > 4096:
+                raise OSError(28, "No space left on device")
+            return len(b)
+    monkeypatch.setattr(pretrained, "write_atomic", lambda path, write: write(FullDisk()))
+    with pytest.raises(OSError, match=r"cannot write .*m-run/ckpt.pt \(the write failed: .*\): free some space"):
+        converted(llama)
+
+
 # ----------------------------------------------------------------------------- its tokenizer, every command
 
 @pytest.fixture(scope="module")
