@@ -204,7 +204,9 @@ def main(argv):
     else:
         ckpt = load_checkpoint(run, a.device)
         model = model_from_checkpoint(ckpt).to(a.device).eval()
-    ids = dict(weights=tensors_id(ckpt["model"]), docs=a.docs, crop_stride=a.crop_stride)
+    tokenizer = run_tokenizer(ckpt)
+    ids = dict(weights=tensors_id(ckpt["model"]), tokenizer=getattr(tokenizer, "identity", None), docs=a.docs,
+               crop_stride=a.crop_stride)
     out = Path(a.out) / a.docs
     out.mkdir(parents=True, exist_ok=True)
     if (known := out / "ids.json").is_file() and json.loads(known.read_text()) != ids:
@@ -219,7 +221,7 @@ def main(argv):
     tokens, docs = (load_split(data_dir, "val")[0], held_out(load_split(data_dir, "val")[1], a.docs)) if text else (None, None)
     for stage in a.stages:
         if stage == "passkey":
-            passkey_items(items, model, run_tokenizer(ckpt).encode_ordinary, L, a, rotary_dim)
+            passkey_items(items, model, tokenizer.encode_ordinary, L, a, rotary_dim)
         elif stage == "loss":
             loss_items(items, model, tokens, docs, L, a, rotary_dim)
         else:
