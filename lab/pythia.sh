@@ -26,8 +26,12 @@ for model in "$@"; do
   [ ! -f "$run/ckpt.pt" ] || python - "$run" "$model" <<'CHECK' || exit 1
 import os, sys, torch
 run, model = sys.argv[1:]
-ckpt = torch.load(os.path.join(run, "ckpt.pt"), map_location="cpu", mmap=True, weights_only=True)
-source = (ckpt.get("pretrained") or {}).get("folder")
+try:  # mmap: a 7B model's record is read without its weights
+    ckpt = torch.load(os.path.join(run, "ckpt.pt"), map_location="cpu", mmap=True, weights_only=True)
+    source = (ckpt.get("pretrained") or {}).get("folder")
+except Exception as e:  # a damaged or foreign file: one line
+    sys.exit(f"pythia.sh: {run}/ckpt.pt cannot be read ({type(e).__name__}): remove that run to convert "
+             f"{model} there")
 if source != os.path.realpath(model):
     sys.exit(f"pythia.sh: {run} holds a conversion of {source or 'no model folder (a trained run)'}, "
              f"not of {model}: give another OUT, or remove that run to convert this model there")
