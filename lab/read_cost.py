@@ -6,8 +6,9 @@ shape with random weights (the cost does not depend on the weights), or on a run
 
 Peak memory is what the method adds to the loaded model: on the CPU a forked process's peak resident memory
 (VmHWM) above its start, on CUDA the allocator's peak above the memory in use before. A length under one token or
-whose logits alone exceed the free memory is refused before anything is measured; `pairs` is not taken (its cost
+whose logits (and mask) alone exceed the free memory is refused before anything is measured; `pairs` is not taken (its cost
 is yarn's: the same attention, other frequencies)."""
+import math
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ import torch
 
 from common import UserError, command_parser, out_of_memory, parse_list, pick_device, run_cli
 from config import gpt_config
-from eval.methods import METHODS, forward_args, split_method, unavailable
+from eval.methods import MASKS, METHODS, forward_args, split_method, unavailable
 from eval.score import score_units
 from model import GPT
 from runtime import load_checkpoint, model_from_checkpoint
@@ -97,21 +98,26 @@ def available_mib(device):
 
 
 def check_lengths(model, lengths, methods, device):
-    """A one-line error, before anything is scored, for a length under one token, one whose window's logits alone
-    (float32, a row of vocab_size a token) exceed the device's free memory, or a method the model cannot read."""
+    """A one-line error, before anything is scored, for a length under one token, one whose least memory exceeds
+    the device's free memory, or a method the model cannot read. The least: the window's logits (float32, vocab_size
+    a token), and for window, sinks and exact causal dynamic NTK their mask, 1 byte a pair (docs/benchmarks.md)."""
     L, vocab = model.config.block_size, model.config.vocab_size
-    free = available_mib(device)
+    free = available_mib(device) * 2**20
     for m in lengths:
         T = round(m * L)
         if T < 1:
             raise UserError(f"--lengths {m:g} is {m * L:.3g} tokens at trained length {L}: use multiples of at least "
                             f"{1 / L:.3g} (one token)")
-        if (need := T * vocab * 4 / 2**20) > free:
-            raise UserError(f"--lengths {m:g} is {T:,} tokens, whose logits alone need {need:,.0f} MiB and {device} has "
-                            f"{free:,.0f} MiB free: use --lengths up to {free * 2**20 / (4 * vocab * L):.4g}")
         for method in methods:
-            if why := unavailable(model.config, method.removesuffix(" (causal)"), T):
+            name = method.removesuffix(" (causal)")
+            if why := unavailable(model.config, name, T):
                 raise UserError(f"--methods {method} cannot read {T:,} tokens of this model: {why}")
+            mask = split_method(name)[0] in MASKS or name != method
+            if (need := 4 * vocab * T + mask * T * T) > free:  # the most tokens: the root of T^2 + 4 vocab T = free
+                most = free / (4 * vocab) if not mask else math.sqrt(4 * vocab**2 + free) - 2 * vocab
+                raise UserError(f"--lengths {m:g} is {T:,} tokens, and {method} needs at least {need / 2**20:,.0f} MiB "
+                                f"for them ({device} has {free / 2**20:,.0f} MiB free): use --lengths up to "
+                                f"{most / L:.4g}")
 
 
 def read_cost(args):

@@ -91,10 +91,12 @@ def test_read_cost_refuses_lengths_and_methods_it_cannot_measure_before_measurin
                           (["--methods", "pairs"], "--methods pairs is not taken (it needs per-pair factors): its cost is yarn's")):
         with at_most(60), pytest.raises(UserError, match=re.escape(message)):
             read_cost(parse_args(["--model", str(run), "--device", "cpu", *argv]))
-    for lengths, message in (("0.01", "--lengths 0.01 is 0.32 tokens"), ("1e9", "--lengths 1e+09 is 32,000,000,000 "
-                                                                         "tokens, whose logits alone need")):
+    for lengths, methods, message in (
+            ("0.01", "none", "--lengths 0.01 is 0.32 tokens"),
+            ("1e9", "none", "--lengths 1e+09 is 32,000,000,000 tokens, and none needs at least 36,621,094 MiB"),
+            ("1e5", "crop,window", "--lengths 100000 is 3,200,000 tokens, and window needs at least 9,769,287 MiB")):
         with at_most(60), pytest.raises(UserError, match=re.escape(message)):
-            read_cost(parse_args(["--model", str(run), "--device", "cpu", "--lengths", lengths]))
+            read_cost(parse_args(["--model", str(run), "--device", "cpu", "--lengths", lengths, "--methods", methods]))
     done = subprocess.run([sys.executable, str(ROOT / "lab" / "read_cost.py"), "--model", str(run), "--lengths", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [
