@@ -134,7 +134,9 @@ def processes_vs_nanogpt(root, repeats, short=10, long=50):
         loop = {name: [] for name in commands}
         for r in range(repeats):  # in turn, so that a drifting machine slows all three alike
             for name, command in commands.items():
-                seconds = [timed(command(n, r) + shape, tmp) for n in (long, short)]
+                # nanoGPT's train.py logs its last iteration: a train.py that is not nanoGPT's would time nothing
+                seconds = [timed(command(n, r) + shape, tmp, f"iter {n}: loss" if name == "nanoGPT" else None)
+                           for n in (long, short)]
                 loop[name].append(seconds[0] - seconds[1])
                 print(f"repeat {r + 1}/{repeats}, {name}: {seconds[0]:.2f} s - {seconds[1]:.2f} s", file=sys.stderr)
     print(f"whole processes, 4x192, T 128, batch 16, vocab 2048, cpu float32, torch {torch.__version__}: "
@@ -145,11 +147,15 @@ def processes_vs_nanogpt(root, repeats, short=10, long=50):
               f"{statistics.median(speeds):.3f}x nanoGPT (repeats {speeds[0]:.3f} to {speeds[-1]:.3f})")
 
 
-def timed(command, cwd):
+def timed(command, cwd, expected=None):
+    """Seconds the command took; expected: what its output must hold, else a one-line error."""
     t0 = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if done.returncode:
         raise UserError(f"{' '.join(command[:2])} failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
+    if expected and expected not in done.stdout:
+        raise UserError(f"{command[1]} printed no {expected!r} line: karpathy/nanoGPT's train.py prints one at "
+                        f"the last iteration; give a checkout of karpathy/nanoGPT")
     return time.perf_counter() - t0
 
 

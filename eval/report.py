@@ -3,6 +3,7 @@ table and figure (no torch here)."""
 import csv
 import io
 import math
+import re
 
 import numpy as np
 
@@ -25,8 +26,21 @@ def pyplot():
     return plt
 
 
+def shown(text):
+    """text as a figure or a text file can hold it: the bytes of a file name that are not UTF-8, which Python holds
+    as lone surrogates (a run folder named so), as U+FFFD. Never a failure after the computation."""
+    return re.sub("[\ud800-\udfff]", "\ufffd", text)
+
+
 def png(fig, tight=True, rect=None, **savefig):
-    """The figure as PNG bytes (laid out tight within rect unless tight is False), then closed: for write_all."""
+    """The figure as PNG bytes (laid out tight within rect unless tight is False), then closed: for write_all.
+    Its text is shown() first: matplotlib cannot draw a lone surrogate."""
+    from matplotlib.text import Text
+    for text in fig.findobj(Text):
+        text.set_text(shown(text.get_text()))
+    for axis in (axis for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)):
+        for labels in (axis.get_major_formatter(), axis.get_minor_formatter()):  # tick labels are made when drawn
+            labels.format_ticks = lambda values, made=labels.format_ticks: [shown(t) for t in made(values)]
     if tight:
         fig.tight_layout(rect=rect)
     buf = io.BytesIO()
@@ -49,7 +63,7 @@ def write_all(out, files):
     folder's claim (common.claim_output) is released: the outputs are in place."""
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
-        write_atomic(out / name, lambda f: f.write(data.encode() if isinstance(data, str) else data))
+        write_atomic(out / name, lambda f: f.write(shown(data).encode() if isinstance(data, str) else data))
     release_outputs(out)
 
 

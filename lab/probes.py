@@ -33,6 +33,7 @@ from wandb_runs import log_results, ready_to_log
 
 ANY_ENCODING = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == POS_EMBS)  # on the input or on attention
 PROBES = ("copy", "mqar", "passkey", "rotation", "entropy")
+READS = dict(copy="distances", mqar="distances", passkey="lengths", rotation="lengths", entropy="lengths")  # in tokens
 ENTROPY_WINDOWS = 4  # per length: the curves are means over thousands of queries already
 CSV_FIELDS = ("probe", "method", "eval_len", "distance", "depth", "loss", "loss_stderr", "top1", "top1_stderr",
               "exact", "exact_stderr", "trials", "available", "reason")
@@ -340,8 +341,8 @@ def probes(args):
     rvocab = random_vocab(ckpt["config"].get("retrieval_vocab", 0), vocab)
     tokens, docs = load_split(data_dir, "val")
     args = dict(args, methods=usable(args["methods"], pos_emb), train_len=model.config.train_len)
-    for option in ("distances", "lengths"):  # in tokens, each inside a held-out document: else one line in multiples
-        in_tokens(args[option], option, args["train_len"], docs)
+    for option in dict.fromkeys(READS[p] for p in args["probes"]):  # the probes asked for only: each in tokens inside
+        in_tokens(args[option], option, args["train_len"], docs)    # a held-out document, else one line in multiples
     once(args, "lengths", 1, bool({"passkey", "rotation", "entropy"} & set(args["probes"])))
     once(args, "distances", args["segment"], "copy" in args["probes"])
     once(args, "distances", args["segment"] // 2 * 2, "mqar" in args["probes"])

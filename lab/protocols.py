@@ -226,6 +226,13 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     print(f"protocols: {small} on {docs_name}", flush=True)
     tokens, docs = load_split(data_dir, "val")
     docs = held_out(docs, docs_name)
+    if "yarn" in chosen:  # before anything is scored: its rows are documents' first 5L + 1 tokens
+        long_docs = docs[docs[:, 1] - docs[:, 0] > 5 * L]
+        if not len(long_docs):
+            raise UserError(f"{small}: no held-out document of --docs {docs_name} has more than 5L = {5 * L} tokens "
+                            f"(the longest has {int((docs[:, 1] - docs[:, 0]).max())}), and YaRN's protocol reads each "
+                            "one's first 5L + 1: use a corpus with longer documents, or --protocols without yarn")
+        long_docs = long_docs[np.sort(np.random.default_rng(0).permutation(len(long_docs))[:units_n])]
     reach = 8 * L if {"press", "su"} & set(chosen) else 4 * L  # the unit: as long as the longest reading needs
     lead, units, unit_docs = draw_units(tokens, docs, L, reach, units_n)
     result = dict(ids=ids, L=L, units=len(units), unit_docs=unit_docs.tolist())
@@ -238,8 +245,6 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     if {"press", "su"} & set(chosen):
         result["press"], result["su"] = press_su(model, np.concatenate([lead, units], axis=1), L, rotary_dim)
     if "yarn" in chosen:
-        long_docs = docs[docs[:, 1] - docs[:, 0] > 5 * L]
-        long_docs = long_docs[np.sort(np.random.default_rng(0).permutation(len(long_docs))[:units_n])]
         result["documents"] = len(long_docs)
         result["yarn_zero_shot"] = yarn_protocol(model, tokens, long_docs, L, rotary_dim, (1, 2, 4),
                                                  ("none", "pi", "ntk", "yarn"), {"crop": L})

@@ -5,18 +5,23 @@ shape with random weights (the cost does not depend on the weights), or on a run
     python lab/read_cost.py [--model DIR] [--lengths 2,4] [--methods none,crop,yarn,...] [--device cpu]
 
 Peak memory is what the method adds to the loaded model: on the CPU a forked process's peak resident memory
-(VmHWM) above its start, on CUDA the allocator's peak above the memory in use before."""
+(VmHWM) above its start, on CUDA the allocator's peak above the memory in use before. A length under one token or
+whose logits (and mask) alone exceed the free memory is refused before anything is measured; `pairs` is not taken (its cost
+is yarn's: the same attention, other frequencies)."""
+import math
+import signal
 import sys
 import time
+import traceback
 from multiprocessing import get_context
 
 import numpy as np
 import torch
 
 
-from common import command_parser, parse_list, pick_device, run_cli
+from common import UserError, command_parser, out_of_memory, parse_list, pick_device, run_cli
 from config import gpt_config
-from eval.methods import METHODS, forward_args, split_method
+from eval.methods import MASKS, METHODS, forward_args, split_method, unavailable
 from eval.score import score_units
 from model import GPT
 from runtime import load_checkpoint, model_from_checkpoint
@@ -27,9 +32,13 @@ PYTHIA_160M = dict(  # its config.json as pretrained.py converts it
     norm_eps=1e-5, biases=True, mlp="gelu", mlp_hidden=3072, parallel_residual=True, tie_embeddings=False)
 
 
-def memory_kib(field):
-    with open("/proc/self/status") as f:
+def memory_kib_of(path, field):
+    with open(path) as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def memory_kib(field):
+    return memory_kib_of("/proc/self/status", field)
 
 
 def measured(fn, device):
@@ -49,15 +58,66 @@ def measured(fn, device):
 
 
 def in_child(fn, device):
-    """measured(fn), on the CPU in a forked process: one method's freed memory is not the next one's."""
+    """measured(fn), on the CPU in a forked process: one method's freed memory is not the next one's. The child's
+    failure is the parent's: a UserError as itself, running out of memory as a MemoryError, a bug with the child's
+    traceback."""
     if device.startswith("cuda"):
         return measured(fn, device)
-    parent, child = get_context("fork").Pipe()
-    process = get_context("fork").Process(target=lambda: child.send(measured(fn, device)))
+    parent, child = get_context("fork").Pipe(duplex=False)
+
+    def report():
+        try:
+            outcome = "done", measured(fn, device)
+        except Exception as e:  # every failure goes back to the parent, which decides
+            kind = "user" if isinstance(e, UserError) else "memory" if out_of_memory(e) else "bug"
+            outcome = kind, str(e) if kind != "bug" else traceback.format_exc()
+        child.send(outcome)
+
+    process = get_context("fork").Process(target=report)
     process.start()
-    result = parent.recv()
+    child.close()  # the parent's copy: a child that dies without a word closes the pipe, and recv raises EOFError
+    try:
+        kind, value = parent.recv()
+    except EOFError:
+        kind, value = "died", None
     process.join()
-    return result
+    if kind == "done":
+        return value
+    if kind == "user":
+        raise UserError(value)
+    if kind == "memory" or process.exitcode == -signal.SIGKILL:  # SIGKILL: most likely the kernel's OOM killer
+        raise MemoryError(value or "the measuring process was killed (SIGKILL)")
+    raise RuntimeError(f"the measuring process failed: {value or f'exit code {process.exitcode}'}")
+
+
+def available_mib(device):
+    """Memory free for one window on the device: CUDA's free memory, else the kernel's MemAvailable."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[0] / 2**20
+    return memory_kib_of("/proc/meminfo", "MemAvailable") / 1024
+
+
+def check_lengths(model, lengths, methods, device):
+    """A one-line error, before anything is scored, for a length under one token, one whose least memory exceeds
+    the device's free memory, or a method the model cannot read. The least: the window's logits (float32, vocab_size
+    a token), and for window, sinks and exact causal dynamic NTK their mask, 1 byte a pair (docs/benchmarks.md)."""
+    L, vocab = model.config.block_size, model.config.vocab_size
+    free = available_mib(device) * 2**20
+    for m in lengths:
+        T = round(m * L)
+        if T < 1:
+            raise UserError(f"--lengths {m:g} is {m * L:.3g} tokens at trained length {L}: use multiples of at least "
+                            f"{1 / L:.3g} (one token)")
+        for method in methods:
+            name = method.removesuffix(" (causal)")
+            if why := unavailable(model.config, name, T):
+                raise UserError(f"--methods {method} cannot read {T:,} tokens of this model: {why}")
+            mask = split_method(name)[0] in MASKS or name != method
+            if (need := 4 * vocab * T + mask * T * T) > free:  # the most tokens: the root of T^2 + 4 vocab T = free
+                most = free / (4 * vocab) if not mask else math.sqrt(4 * vocab**2 + free) - 2 * vocab
+                raise UserError(f"--lengths {m:g} is {T:,} tokens, and {method} needs at least {need / 2**20:,.0f} MiB "
+                                f"for them ({device} has {free / 2**20:,.0f} MiB free): use --lengths up to "
+                                f"{most / L:.4g}")
 
 
 def read_cost(args):
@@ -69,6 +129,7 @@ def read_cost(args):
         model = GPT(gpt_config(PYTHIA_160M))
     model = model.to(device).eval()
     L = model.config.block_size
+    check_lengths(model, args["lengths"], args["methods"], device)
     stride = max(1, L // 8)  # extrapolate.py's default crop stride
     dtype = "bf16 autocast" if device.startswith("cuda") else "float32"
     print(f"{model.num_params() / 1e6:.0f}M parameters, trained length {L}, {device}, {dtype}, "
@@ -100,8 +161,13 @@ def parse_args(argv):
     a["lengths"] = parse_list(a["lengths"], "lengths", float)
     a["methods"] = parse_list(a["methods"], "methods", str)
     for method in a["methods"]:
-        if split_method(method.removesuffix(" (causal)"))[0] not in METHODS:
+        name = split_method(method.removesuffix(" (causal)"))[0]
+        if name not in METHODS:
             p.error(f"unknown --methods {method}; allowed: {', '.join(METHODS)}")
+        if name == "pairs":  # the same attention as yarn's, other frequencies: the same cost
+            p.error("--methods pairs is not taken (it needs per-pair factors): its cost is yarn's")
+    if bad := [m for m in a["lengths"] if not m > 0]:
+        p.error(f"--lengths {', '.join(f'{m:g}' for m in bad)}: use positive multiples of the trained length")
     return a
 
 
