@@ -510,7 +510,7 @@ def test_the_pythia_ladder_script_runs_end_to_end_on_tiny_stand_ins(pythia, tmp_
         assert (tmp_path / "out" / rung / "extrapolation.json").is_file()
     assert (tmp_path / "out" / "compare" / "compare.md").is_file()
     page = (tmp_path / "out" / "protocols" / "shapes.md").read_text()
-    assert "| pythia-b |" in page and "distortion (swapped, 4L)" in page
+    assert "| pythia-b |" in page and "distortion 4L | reads past L 4L" in page
     recorded = load_checkpoint(tmp_path / "out" / "pythia-b")["config"]["dataset"]
     assert recorded == str((tmp_path / "out" / "heldout").resolve())
 
