@@ -13,7 +13,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from positions import AS_TRAINED, Attend, forward_positions, sinusoidal_embedding
-from rope import complete_scaling, scaling_type
 
 POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -50,21 +49,6 @@ class GPTConfig:
 
     def __post_init__(self):  # the user's values are checked where they come in (config.gpt_config), not here
         self.train_len = self.train_len or self.block_size
-
-
-class KVCache:
-    """Per-layer keys and values so far, keys *before* rotation: every step re-rotates them with the frequencies
-    for the current length, exact for dynamic NTK."""
-
-    def __init__(self, n_layer):
-        self.kv, self.length = [None] * n_layer, 0  # length: tokens already in the cache
-
-    def update(self, layer, k, v):
-        if self.kv[layer] is not None:
-            k = torch.cat((self.kv[layer][0], k), dim=2)
-            v = torch.cat((self.kv[layer][1], v), dim=2)
-        self.kv[layer] = (k, v)
-        return k, v
 
 
 class CausalSelfAttention(nn.Module):
@@ -203,42 +187,3 @@ class GPT(nn.Module):
         # PaLM appendix B: 6N for the matmuls plus 12 * L * d * T for attention, forward + backward
         cfg = self.config
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, method=AS_TRAINED):
-        """Sample max_new_tokens after idx [B, T], every step with the same Method (past block_size the encoding
-        extrapolates): through a KV cache, except under crop, where each token comes from its last `crop` tokens at
-        positions 0 .. crop - 1 (nanoGPT's sampling). on_token(ids [B, 1]) sees each step's tokens as they come."""
-        cache = None if method.crop else KVCache(self.config.n_layer)
-        if cache is None:
-            logits, _ = self(method.cropped(idx))
-        else:
-            logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), method.rope_scaling)], cache=cache, method=method)
-            for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
-                logits, _ = self(idx[:, t:t + 1], cache=cache, method=method)
-        for _ in range(max_new_tokens):
-            idx_next = sample_next(logits[:, -1, :], temperature, top_k)
-            idx = torch.cat((idx, idx_next), dim=1)
-            if on_token:
-                on_token(idx_next)
-            logits, _ = self(method.cropped(idx)) if cache is None else self(idx_next, cache=cache, method=method)
-        return idx
-
-    def exact_prefill(self, T, rope_scaling):
-        """How many of T prompt tokens one forward can take exactly. All of them unless the scaling is dynamic:
-        its frequencies follow the length of the forward, so past the original length one forward would give
-        every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
-        cfg, rope = self.config, self.config.pos_emb == "rope"
-        scaling = complete_scaling(rope_scaling, cfg.rope_scaling, cfg.block_size) if rope else None
-        if scaling_type(scaling) == "dynamic":
-            return min(T, scaling["original_max_position_embeddings"])
-        return T
-
-
-def sample_next(logits, temperature=1.0, top_k=None):
-    """One token id per row [B, 1] from logits [B, vocab]: divided by the temperature, cut to the top_k."""
-    logits = logits.float() / max(temperature, 1e-8)
-    if top_k is not None:
-        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-        logits[logits < v[:, [-1]]] = -float("inf")
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

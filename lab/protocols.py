@@ -31,7 +31,8 @@ from common import (UserError, claim_output, command_parser, json_text, parse_li
 from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot
-from eval.score import score_cropped, score_rows
+from eval.score import score_rows
+from lab.context import score_cropped
 from runtime import load_run
 from lab.pages import generated, log_page, write_page
 from wandb_runs import key

@@ -19,7 +19,7 @@ from eval.methods import METHODS
 from eval.report import BEST_N, CARD, PLOT_BINS, STYLES, extrapolation_table, line_style, past_means, plotted, same_rows, signed
 from eval.score import score_sliding, score_windows, sliding_windows
 from runtime import load_run
-from model import KVCache
+from sample import KVCache
 from positions import Method
 
 ROOT = Path(__file__).resolve().parents[1]

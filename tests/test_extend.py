@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from eval.methods import forward_args, self_extend_group, unavailable
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig
+from sample import KVCache
 from positions import Method, far_positions, merged_attention
 from rope import apply_rope, default_inv_freq, rope_cos_sin, yarn_inv_freq
 

@@ -7,7 +7,8 @@ import torch
 from eval.methods import applicable, forward_args, unavailable
 from eval.score import score_rows
 from config import gpt_config
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig
+from sample import KVCache, generate
 from positions import Method, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
@@ -215,7 +216,7 @@ def test_a_few_steps_lower_the_loss_on_a_tiny_batch():
 
 
 def test_generate_extends_the_prompt():
-    out = tiny().generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=2 * L, top_k=5)
+    out = generate(tiny(), torch.zeros(1, 3, dtype=torch.long), max_new_tokens=2 * L, top_k=5)
     assert out.shape == (1, 3 + 2 * L) and out.max() < 97
 
 
@@ -250,7 +251,7 @@ def test_crop_is_truncation_in_scoring_and_in_generation_alike():
     assert crop == Method(crop=L)
     rows = torch.randint(0, 97, (2, 4 * L + 1)).numpy()
     assert (score_rows(model, rows, method=crop)[0] == score_rows(model, rows[:, -(L + 1):])[0]).all()
-    out = model.generate(torch.zeros(1, 3, dtype=torch.long), 2 * L, top_k=1, method=crop)
+    out = generate(model, torch.zeros(1, 3, dtype=torch.long), 2 * L, top_k=1, method=crop)
     idx = torch.zeros(1, 3, dtype=torch.long)
     with torch.no_grad():
         for _ in range(2 * L):

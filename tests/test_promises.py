@@ -11,7 +11,6 @@ import torch
 import data.shakespeare.prepare as shakespeare
 import data.sympy.prepare as sympy_prepare
 import data.text.prepare as text_prepare
-import model as model_module
 import sample
 import train
 from config import load_config
@@ -267,12 +266,12 @@ def test_ctrl_c_in_training_says_where_and_how_to_resume(dataset, tmp_path, monk
 
 
 def test_sample_streams_its_text_and_keeps_it_on_ctrl_c(dataset, tmp_path, monkeypatch, capsys):
-    run, real, steps = tiny_run(tmp_path / "run", dataset), model_module.sample_next, iter(range(100))
+    run, real, steps = tiny_run(tmp_path / "run", dataset), sample.sample_next, iter(range(100))
     def stopping(*a):
         if next(steps) == 5:
             raise KeyboardInterrupt
         return real(*a)
-    monkeypatch.setattr(model_module, "sample_next", stopping)
+    monkeypatch.setattr(sample, "sample_next", stopping)
     code, out, err = interrupted(sample.main, [str(run), "--prompt", "the king", "--max_new_tokens", "50", "--device",
                                                "cpu"], capsys)
     assert code == 130 and "interrupted after 5 of 50 new tokens" in err

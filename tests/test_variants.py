@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from config import load_config, model_config
-from model import KVCache
+from sample import KVCache
 from positions import Method
 from test_model import L, checked, sharpen, tiny  # pytest puts tests/ on the path
 
