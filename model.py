@@ -50,13 +50,21 @@ class GPTConfig:
     def __post_init__(self):  # the user's values are checked where they come in (config.gpt_config), not here
         self.train_len = self.train_len or self.block_size
 
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def rotary_dim(self):  # transformers' partial_rotary_factor p: the first int(p * head_dim) channels rotate
+        return int(self.head_dim * (self.rope_scaling or {}).get("partial_rotary_factor", 1.0))
+
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer):
         super().__init__()
         self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
-        self.n_kv_head, self.head_dim = config.n_kv_head or config.n_head, config.n_embd // config.n_head
+        self.n_kv_head, self.head_dim = config.n_kv_head or config.n_head, config.head_dim
         self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0  # a NoPE layer of a RoPE model
         # SSMax's s_h starts at 1 / log L: s_h * log n is then 1 at the training length, plain softmax there
         s = torch.full((config.n_head,), 1 / math.log(max(2, config.block_size)))
@@ -149,7 +157,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
         """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
-        cache: a KVCache, continued in place. method: how positions are treated in this call (Method)."""
+        cache: a KVCache, continued in place. method: how positions are treated in this call (PositionArgs)."""
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)

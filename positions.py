@@ -1,4 +1,4 @@
-"""How positions enter attention. eval/methods.py turns a method's name into a Method; forward_positions turns
+"""How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions turns
 it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies
 one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations merged
 (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to
@@ -19,7 +19,7 @@ MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method 
 
 
 @dataclass(frozen=True)
-class Method:
+class PositionArgs:
     """How one call (GPT.forward, generate, the scorers) treats positions; eval/methods.py builds one per
     method. rope_scaling, causal_dynamic and extend act on the RoPE layers only, window on every layer."""
     rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
@@ -41,7 +41,7 @@ class Method:
         return {k: v for k, v in asdict(self).items() if v}
 
 
-AS_TRAINED = Method()
+AS_TRAINED = PositionArgs()
 
 
 # ----------------------------------------------------------------------------- encodings, masks and biases

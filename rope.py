@@ -182,18 +182,16 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, 
 
 
 def frequencies(config, scaling=None, seq_len=None, slowdown=1):
-    """rope_frequencies of a GPTConfig's RoPE with a method's rope_scaling (None: the trained one), completed
-    by complete_scaling. slowdown: every frequency divided by it (leaky ReRoPE's far pairs)."""
+    """rope_frequencies of a GPTConfig with a method's scaling (None: the trained one), completed here, once.
+    slowdown: leaky ReRoPE's far pairs."""
     full = complete_scaling(scaling, config.rope_scaling, config.block_size)
-    head_dim = config.n_embd // config.n_head
-    return rope_frequencies(head_dim, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
+    return rope_frequencies(config.head_dim, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
 
 
 def rope_tables(config, scaling, seq_len, positions, slowdown=1):
-    """rope_cos_sin's tables [len(positions), head_dim] at `positions` (on their device) for a forward of
-    seq_len tokens, scaling and slowdown as in frequencies."""
+    """rope_cos_sin's tables [len(positions), head_dim] for a forward of seq_len tokens."""
     inv_freq, attention_factor = frequencies(config, scaling, seq_len, slowdown)
-    attention = pair_attention(config, scaling, attention_factor).to(positions.device)
+    attention = pair_attention(config, attention_factor).to(positions.device)
     return rope_cos_sin(inv_freq.to(positions.device), positions, attention, config.rope_layout)
 
 
@@ -201,17 +199,15 @@ def causal_dynamic_frequencies(config, scaling, seq_len, device):
     """Exact causal dynamic scaling's frequencies [seq_len, head_dim / 2] (row t: length t + 1's) and
     attention factor per pair [head_dim / 2] (the full length's), for positions.causal_dynamic_attention."""
     freqs = [frequencies(config, scaling, n) for n in range(1, seq_len + 1)]
-    attention = pair_attention(config, scaling, freqs[-1][1])
+    attention = pair_attention(config, freqs[-1][1])
     return torch.stack([f for f, _ in freqs]).to(device), attention.to(device)
 
 
-def pair_attention(config, scaling, attention_factor):
+def pair_attention(config, attention_factor):
     """The attention factor per pair [head_dim // 2]: transformers scales only the rotary dims' cos and sin,
     so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
-    head_dim = config.n_embd // config.n_head
-    full = complete_scaling(scaling, config.rope_scaling, config.block_size)
-    rotary = int(head_dim * (full or {}).get("partial_rotary_factor", 1.0)) // 2
-    return torch.tensor([attention_factor] * rotary + [1.0] * (head_dim // 2 - rotary))
+    rotary = config.rotary_dim // 2
+    return torch.tensor([attention_factor] * rotary + [1.0] * (config.head_dim // 2 - rotary))
 
 
 def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):

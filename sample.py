@@ -36,7 +36,7 @@ class KVCache:
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, method=AS_TRAINED):
-    """Sample max_new_tokens after idx [B, T], every step with the same Method (past block_size the encoding
+    """Sample max_new_tokens after idx [B, T], every step with the same PositionArgs (past block_size the encoding
     extrapolates): through a KV cache, except under crop, where each token comes from its last `crop` tokens at
     positions 0 .. crop - 1 (nanoGPT's sampling). on_token(ids [B, 1]) sees each step's tokens as they come."""
     cache = None if method.crop else KVCache(model.config.n_layer)

@@ -200,3 +200,12 @@ def extrapolation_metrics(report):
     rows = [dict(position=p, position_over_L=p / L, **values) for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
     return summary, rows
 
+
+def log_extrapolation(report, ckpt, run_dir, png_path):
+    """Into the model's run: eval/extrapolate.py's numbers as summary metrics, its curves by position, its table
+    and figure."""
+    import wandb
+    from eval.report import CSV_FIELDS
+    table = wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])
+    log_results(run_dir, ckpt["config"], *extrapolation_metrics(report),
+                media={"extrapolation/table": table, "extrapolation/plot": wandb.Image(str(png_path))})

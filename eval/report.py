@@ -7,10 +7,7 @@ import math
 import numpy as np
 
 from common import json_safe, json_text, release_outputs, write_atomic
-
-
-def label(r):
-    return r["method"] + (f" ({r['mode']})" if r["mode"] else "")
+from eval.summary import PLOT_BINS, label
 
 
 def fmt(x, digits=2):
@@ -101,8 +98,7 @@ def same_rows(entries):
     return {k: v for k, v in same.items() if k != v}
 
 
-CARD, BEST_N = ("none", "pi", "ntk", "yarn"), 4  # always drawn (crop: the zero line), then the BEST_N others nearest crop
-PLOT_BINS = 16  # per panel: bins grow with the length, so the 16x panel (few windows) is not one window's noise
+ALWAYS_DRAWN, BEST_N = ("none", "pi", "ntk", "yarn"), 4  # (crop: the zero line), then the BEST_N nearest crop
 
 
 def past_means(entries, L):
@@ -115,14 +111,14 @@ def past_means(entries, L):
 
 
 def plotted(entries, chosen, L):
-    """The labels drawn: the methods chosen (--plot), else CARD's and the BEST_N others whose mean past L is lowest
+    """The labels drawn: the methods chosen (--plot), else ALWAYS_DRAWN's and the BEST_N others whose mean past L is lowest
     (by this run's own numbers), a row with another's numbers (same_rows) drawn once."""
     scored = list(dict.fromkeys(label(r) for r in entries if r.get("crop_curve")))
     if chosen:
         return [k for k in scored if k.split(" (")[0] in chosen]
     same, means = same_rows(entries), past_means(entries, L)
-    others = sorted((k for k in scored if k.split(" (")[0] not in CARD and k not in same and k in means), key=means.get)
-    return [k for k in scored if k.split(" (")[0] in CARD] + others[:BEST_N]
+    others = sorted((k for k in scored if k.split(" (")[0] not in ALWAYS_DRAWN and k not in same and k in means), key=means.get)
+    return [k for k in scored if k.split(" (")[0] in ALWAYS_DRAWN] + others[:BEST_N]
 
 
 def extrapolation_table(report):
@@ -180,7 +176,7 @@ def extrapolation_plot(report, chosen=None):
     tuned = f"; dash-dot: fine-tuned at {ctx_len}" if ctx_len != L else ""
     fig.legend(handles, texts, loc="center left", bbox_to_anchor=(0.8, 0.5), fontsize=8, frameon=False,
                title="mean past L, at " + " / ".join(f"{T / L:g}x" for T in past) + tuned, title_fontsize=8)
-    drawn = "those --plot chose" if chosen else f"{', '.join(CARD)} and the {BEST_N} others nearest crop on this run"
+    drawn = "those --plot chose" if chosen else f"{', '.join(ALWAYS_DRAWN)} and the {BEST_N} others nearest crop on this run"
     fig.suptitle(f"{report['run']} ({report['pos_emb']}, trained at L = {L}, iter {report['checkpoint_iter']}): loss minus "
                  f"crop's on the same tokens; below zero, a method predicts better than truncation to the last {L} tokens\n"
                  f"drawn: {drawn}; {PLOT_BINS} bins per length, "
@@ -189,3 +185,19 @@ def extrapolation_plot(report, chosen=None):
 
 
 WEIGHTS = "weights_id"  # a result's key: common.weights_id of the checkpoint it read
+
+
+CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl", "loss_beyond_train",
+              "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop", "diff_crop_stderr",
+              "diff_none_inside", "diff_none_inside_stderr", "helped_tokens", "ppl_helped", "n_units", "tokens",
+              "seconds", "available", "reason")
+
+
+def write_extrapolation(report, out, chosen=None):
+    """eval/extrapolate.py's outputs: extrapolation.{png,json,csv} into out (the figure drawn first: a failure
+    leaves the earlier outputs as they were), and its table printed."""
+    write_all(out, {"extrapolation.png": extrapolation_plot(report, chosen),
+                    **json_csv("extrapolation", report, report["results"], CSV_FIELDS)})
+    print(extrapolation_table(report), f"{len(report['results'])} evaluations in {report['seconds']:.0f}s: "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds_by_method"].items()),
+          f"-> {out}/extrapolation.{{json,csv,png}}", sep="\n")

@@ -21,7 +21,7 @@ def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=No
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED):
     """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of token rows [N, n+1],
-    each row from position 0, in batches <= tokens_per_batch, under a positions.Method. Its crop is done here, for every
+    each row from position 0, in batches <= tokens_per_batch, under a positions.PositionArgs. Its crop is done here, for every
     command: rows longer than crop are cut to their last crop tokens, and only their targets (m <= crop) scored."""
     rows = np.asarray(rows, dtype=np.int64)
     if method.crop and rows.shape[1] - 1 > method.crop:
@@ -69,7 +69,7 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
 
 
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
-    """NLL [units, n] of every target of every unit, in order, under a positions.Method."""
+    """NLL [units, n] of every target of every unit, in order, under a positions.PositionArgs."""
     if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
         return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, method.crop, n)) for s in starts])
     if protocol == "sliding":

@@ -4,6 +4,12 @@ import math
 
 import numpy as np
 
+PLOT_BINS = 16  # per panel: bins grow with the length, so the 16x panel (few windows) is not one window's noise
+
+
+def label(r):
+    return r["method"] + (f" ({r['mode']})" if r["mode"] else "")
+
 
 def mean_stderr(per_unit):
     a = np.asarray(per_unit, dtype=np.float64)

@@ -93,7 +93,7 @@ def factor_at(method, c, C, train_len, factor):
 
 
 def score(model, units, c, m, how, L):
-    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a positions.Method, from position 0;
+    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a positions.PositionArgs, from position 0;
     under crop each target from exactly its own last how.crop tokens; whole-L (how None) from the last L + 1 tokens."""
     if how is None:
         return score_rows(model, units[:, -(min(c, L) + 1):], last=m)[0].mean(axis=1)

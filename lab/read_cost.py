@@ -16,7 +16,7 @@ import torch
 
 from common import command_parser, parse_list, pick_device, run_cli
 from config import gpt_config
-from eval.methods import METHODS, forward_args, split_method
+from eval.methods import METHODS, forward_args
 from eval.score import score_units
 from model import GPT
 from runtime import load_checkpoint, model_from_checkpoint
@@ -100,7 +100,7 @@ def parse_args(argv):
     a["lengths"] = parse_list(a["lengths"], "lengths", float)
     a["methods"] = parse_list(a["methods"], "methods", str)
     for method in a["methods"]:
-        if split_method(method.removesuffix(" (causal)"))[0] not in METHODS:
+        if method.removesuffix(" (causal)").split(":")[0] not in METHODS:
             p.error(f"unknown --methods {method}; allowed: {', '.join(METHODS)}")
     return a
 
