@@ -32,10 +32,14 @@ class GPTConfig:
     rope_layout: str = "half"
     rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
     rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None: every pair)
-    nope_every: int | None = None  # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
-    rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
-    ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
-    train_len: int | None = None  # the original training length the methods scale from: block_size, or a fine-tune's first run's
+    # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
+    nope_every: int | None = None
+    # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
+    rope_window: int | None = None
+    # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
+    ssmax: bool = False
+    # the original training length the methods scale from: block_size, or a fine-tune's first run's
+    train_len: int | None = None
     # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
     norm: str = "layernorm"  # or "rmsnorm" (Llama)
     norm_eps: float = 1e-5
@@ -55,7 +59,8 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
-    def rotary_dim(self):  # transformers' partial_rotary_factor p: the first int(p * head_dim) channels rotate
+    # transformers' partial_rotary_factor p: the first int(p * head_dim) channels rotate
+    def rotary_dim(self):
         return int(self.head_dim * (self.rope_scaling or {}).get("partial_rotary_factor", 1.0))
 
 
@@ -65,7 +70,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
         self.n_kv_head, self.head_dim = config.n_kv_head or config.n_head, config.head_dim
-        self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0  # a NoPE layer of a RoPE model
+        # a NoPE layer of a RoPE model
+        self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0
         # SSMax's s_h starts at 1 / log L: s_h * log n is then 1 at the training length, plain softmax there
         s = torch.full((config.n_head,), 1 / math.log(max(2, config.block_size)))
         self.ssmax = nn.Parameter(s) if config.ssmax else None
@@ -80,7 +86,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, heads, T, head_dim)
         q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
-        if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
+        # keys are cached before rotation: dynamic scaling changes their angles as it grows
+        if cache is not None:
             k, v = cache.update(self.layer, k, v)
         if self.n_kv_head != self.n_head:  # grouped-query attention: query head h reads k/v head h // group
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
@@ -147,7 +154,9 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer); the order of the draws
         # fixes the weights a seed gives
-        self.apply(lambda m: torch.nn.init.normal_(m.weight, std=0.02) if isinstance(m, (nn.Linear, nn.Embedding)) else None)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                torch.nn.init.normal_(m.weight, std=0.02)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -156,8 +165,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
-        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
-        cache: a KVCache, continued in place. method: how positions are treated in this call (PositionArgs)."""
+        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last
+        positions only. cache: a KVCache, continued in place. method: how positions are treated in this call
+        (PositionArgs)."""
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -165,11 +175,12 @@ class GPT(nn.Module):
         if self.config.pos_emb == "sinusoidal":
             # Vaswani et al. scale token embeddings by sqrt(d): the unit-amplitude table would otherwise
             # drown GPT-2-initialised (std 0.02) embeddings
-            x = x * math.sqrt(self.config.n_embd) + sinusoidal_embedding(positions, self.config.n_embd).to(x.dtype)
+            table = sinusoidal_embedding(positions, self.config.n_embd).to(x.dtype)
+            x = x * math.sqrt(self.config.n_embd) + table
         elif self.config.pos_emb == "learned":
             if start + T > self.config.block_size:
-                raise ValueError(f"learned position table has {self.config.block_size} entries; "
-                                 f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
+                raise ValueError(f"learned position table has {self.config.block_size} entries; cannot "
+                                 f"encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
         # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
         kinds = {block.attn.nope for block in self.transformer.h}
@@ -182,7 +193,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x[:, -last:] if last else x))  # last: what a scorer reads
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         # decay matrices (and embeddings), not norms: as nanoGPT

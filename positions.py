@@ -1,8 +1,8 @@
-"""How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions turns
-it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies
-one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations merged
-(ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to
-the input."""
+"""How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions
+turns it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention`
+applies one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations
+merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding
+added to the input."""
 import json
 import math
 from dataclasses import asdict, dataclass

@@ -1,5 +1,6 @@
 """Loss by token position at and past the training length, with RoPE scaling applied at inference; writes
-extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs: docs/reference.md."""
+extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs:
+docs/reference.md."""
 import argparse
 import math
 import sys
@@ -19,7 +20,8 @@ from rope import scaling_type
 from runtime import load_run
 
 PROTOCOLS = ("windows", "sliding")
-DOCS = ("all", "dev", "test")  # the held-out documents, or one half of them: dev (even-numbered files), test (odd)
+# the held-out documents, or one half of them: dev (even-numbered files), test (odd)
+DOCS = ("all", "dev", "test")
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
 
@@ -71,8 +73,8 @@ OPTIONS = (  # name, default, type, help
     ("pair_factors", None, checked(methods.parse_pairs), methods.PAIRS_OPTION[2]),
     ("dynamic_modes", None, listed("dynamic_modes", str, DYNAMIC_MODES), "dynamic-ntk's: sequence (one "
      "forward) and/or causal (exact per position, slow; default sequence)"),
-    ("crop_stride", "auto", number("crop_stride", int, 1, auto="auto"), "crop's truncation windows advance by "
-     "this many tokens (auto: L/8; 1: exact, slow)"),
+    ("crop_stride", "auto", number("crop_stride", int, 1, auto="auto"), "crop's truncation windows advance "
+     "by this many tokens (auto: L/8; 1: exact, slow)"),
     ("helped_threshold", "2", number("helped_threshold", float, 0), "helped tokens: where some method beats "
      "crop by more than this many nats"),
     ("plot", "auto", checked(lambda t: None if t == "auto" else parse_methods(t)), "methods drawn in "
@@ -90,8 +92,8 @@ def parse_args(argv):
     if any(m <= 0 for m in a.lengths):
         raise UserError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
     if "windows" not in a.protocols:
-        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows protocol): "
-                        "use --protocols windows,sliding")
+        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows "
+                        "protocol): use --protocols windows,sliding")
     # as given, so a study can tell how a run was scored
     return dict(vars(a), **shared_values(a), options=[x for x in argv if x != a.run_dir],
                 dynamic_modes=a.dynamic_modes or ["sequence"], dynamic_factor=a.dynamic_factor or 1.0)
@@ -104,7 +106,8 @@ def refuse_unused(a, argv):
                            ("dynamic_modes", "dynamic-ntk")):
         if getattr(a, option) is not None and method not in names:
             raise UserError(f"--{option} applies to the method {method} only, which --methods "
-                            f"{','.join(a.methods)} leaves out: add {method} to --methods, or drop --{option}")
+                            f"{','.join(a.methods)} leaves out: add {method} to --methods, or drop "
+                            f"--{option}")
     if "pairs" in names and a.pair_factors is None:
         raise UserError("--methods pairs needs --pair_factors: one factor >= 1 per frequency pair, "
                         "fastest first")
@@ -116,7 +119,8 @@ def refuse_unused(a, argv):
 def window_positions(n, protocol, eval_len, stride):
     """[n]: each target's position in its window under the protocol (the same for every method and unit)."""
     if protocol == "sliding":
-        return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in sliding_windows(n, eval_len, stride)])
+        plan = sliding_windows(n, eval_len, stride)
+        return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in plan])
     return np.arange(n)
 
 
@@ -128,9 +132,10 @@ def run_grid(model, tokens, docs, args, train_len):
         raise UserError(f"--lengths {' and '.join(same)} are both {T} tokens at training length {train_len}: "
                         "give each length once")
     # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
-    grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"] for mode in
-            ((args["dynamic_modes"] if p == "windows" else ["sequence"]) if m.name == "dynamic-ntk" else [None])]
-    reasons = methods.reasons(model.config, [(m, T) for p, T, m, _ in grid])
+    modes = {"windows": args["dynamic_modes"], "sliding": ["sequence"]}
+    grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"]
+            for mode in (modes[p] if m.name == "dynamic-ntk" else [None])]
+    why = methods.reasons(model.config, [(m, T) for p, T, m, _ in grid])
     if "sliding" in args["protocols"] and (args["stride"] or 0) > min(eval_lens):
         raise UserError(f"--stride {args['stride']} is longer than the evaluation length {min(eval_lens)}; "
                          f"use a stride <= {min(eval_lens)}")
@@ -142,21 +147,23 @@ def run_grid(model, tokens, docs, args, train_len):
                         f"{model.config.block_size}: use --crop_stride <= {model.config.block_size} (each "
                         "target keeps at least L - stride + 1 tokens)")
     scored, results, done = {}, [], {}
-    for (protocol, T, method, mode), reason in tqdm(list(zip(grid, reasons)), desc="extrapolate", unit="eval"):
+    for (protocol, T, method, mode), reason in tqdm(list(zip(grid, why)), desc="extrapolate", unit="eval"):
         n, starts = units[protocol, T]
         pinned = {"dynamic-ntk": args["dynamic_factor"], "pairs": args["pair_factors"]}
         factor = method_factor(method, T, train_len, pinned.get(method.name, args["factor"]))
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         pos_args = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
-        # crop depends on the units alone: the sliding protocol's lengths share their stretches, so crop's scores
+        # crop depends on the units alone: the sliding protocol's lengths share their stretches, so crop's
+        # scores
         key = ("crop", pos_args.crop, n, tuple(starts)) if pos_args.crop else (protocol, T, method, mode)
         if not reason and key not in done:
             done[key] = score_units(model, tokens, starts, n, protocol, T, stride, pos_args, crop_stride)
         scored[protocol, T, method, mode] = None if reason else done[key]
-        results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor, stride=stride,
-                            positions=pos_args.settings(), n_units=len(starts), tokens=n * len(starts),
-                            available=reason is None, reason=reason, seconds=round(time.time() - t0, 3)))
+        results.append(dict(method=method, mode=mode, protocol=protocol, eval_len=T, factor=factor,
+                            stride=stride, positions=pos_args.settings(), n_units=len(starts),
+                            tokens=n * len(starts), available=reason is None, reason=reason,
+                            seconds=round(time.time() - t0, 3)))
     helped = {k[:2]: helped_tokens(scored, *k[:2], args["helped_threshold"]) for k in scored}
     for r in results:
         key = r["protocol"], r["eval_len"]
@@ -165,7 +172,8 @@ def run_grid(model, tokens, docs, args, train_len):
         refs = [None if r["method"] == ref else scored.get((*key, ref, None)) for ref in ("none", "crop")]
         r.update(summarize(None if nll is None else per_unit(nll, pos, train_len, *refs)))
         r["helped_tokens"] = None if mask is None else int(mask.sum())
-        r["ppl_helped"] = math.exp(nll[mask].mean()) if mask is not None and nll is not None and mask.any() else None
+        helps = mask is not None and nll is not None and mask.any()
+        r["ppl_helped"] = math.exp(nll[mask].mean()) if helps else None
         if r["protocol"] == "windows" and nll is not None:
             r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
             r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
@@ -173,7 +181,8 @@ def run_grid(model, tokens, docs, args, train_len):
                 edges = np.linspace(0, r["eval_len"], PLOT_BINS + 1).round().astype(int)
                 r["crop_curve"] = curves(nll - crop, None, np.unique(edges), "diff_crop", "diff_crop_stderr")
     starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
-    # each unit's held-out document (the one holding its first token): a study resamples documents, not windows
+    # each unit's held-out document (the one holding its first token): a study resamples documents, not
+    # windows
     unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
     return results, starts, unit_docs, crop_stride
 
@@ -181,7 +190,8 @@ def run_grid(model, tokens, docs, args, train_len):
 def extrapolate(args):
     weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
     model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
-    claim_output(args["out"], "extrapolation")  # before the computation: a folder that cannot be written fails now
+    # before the computation: a folder that cannot be written fails now
+    claim_output(args["out"], "extrapolation")
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
     if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
         from wandb_runs import ready_to_log
@@ -200,14 +210,17 @@ def extrapolate(args):
     docs = held_out(docs, args["docs"])
     t0 = time.time()
     results, units, unit_docs, crop_stride = run_grid(model, tokens, docs, args, cfg.train_len)
-    spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in dict.fromkeys(map(label, results))}
+    spent = {k: sum(r["seconds"] for r in results if label(r) == k) for k in map(label, results)}
     report = dict(train_len=cfg.train_len, context_len=cfg.block_size, pos_emb=cfg.pos_emb,
-                  run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name, checkpoint_iter=ckpt["iter_num"],
-                  weights_id=weights, options=args["options"], seed=args["seed"], tokens_per_length=args["tokens"],
-                  stride=args["stride"] or "half", bins=args["bins"], dataset=str(data_dir), docs=args["docs"],
-                  crop_stride=crop_stride, crop_context=[cfg.block_size - crop_stride + 1, cfg.block_size],
-                  seconds=round(time.time() - t0, 1), seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])),
-                  units=units, unit_docs=unit_docs, documents=len(docs), dynamic_factor=args["dynamic_factor"],
+                  run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name,
+                  checkpoint_iter=ckpt["iter_num"], weights_id=weights, options=args["options"],
+                  seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
+                  bins=args["bins"],
+                  dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
+                  crop_context=[cfg.block_size - crop_stride + 1, cfg.block_size],
+                  seconds=round(time.time() - t0, 1),
+                  seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
+                  unit_docs=unit_docs, documents=len(docs), dynamic_factor=args["dynamic_factor"],
                   dynamic_modes=args["dynamic_modes"], results=results)
     from eval.report import write_extrapolation  # the table, figure and CSV: eval/report.py
     write_extrapolation(report, args["out"], args["plot"])

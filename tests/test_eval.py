@@ -446,7 +446,7 @@ def test_a_run_that_fails_or_has_nothing_to_do_leaves_earlier_outputs_as_they_we
 
     def broken(*args):
         raise OSError("the figure failed")
-    monkeypatch.setattr(extrapolate, "extrapolation_plot", broken)  # a failure after the numbers, while drawing
+    monkeypatch.setattr("eval.report.extrapolation_plot", broken)  # a failure after the numbers, while drawing
     assert error_of([str(rope_run), "--out", str(tmp_path), "--lengths", "1", "--methods", "none", "--no-wandb"]).endswith(
         "the figure failed")
     assert outputs_of(tmp_path, names) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
