@@ -1,9 +1,7 @@
 """
-A small GPT (decoder-only transformer) with a choice of position encoding:
-learned (GPT-2), sinusoidal (Vaswani et al.), rope (Su et al.; p-RoPE with rope_fraction < 1,
-Barbero et al. 2024; NoPE layers interleaved and local RoPE layers, iRoPE / RNoPE-SWA), alibi (Press et al.
-2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025).
-nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
+nanoGPT's model with a choice of position encoding: learned (GPT-2), sinusoidal (Vaswani et al.), rope
+(Su et al.; p-RoPE, Barbero et al. 2024; iRoPE / RNoPE-SWA's NoPE and local RoPE layers), alibi (Press et
+al. 2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025). Positions: positions.py.
 """
 import math
 from dataclasses import dataclass
@@ -20,8 +18,8 @@ MLPS = ("gelu", "swiglu")
 
 
 @dataclass
-class GPTConfig:
-    block_size: int = 256  # training context length (and the size of a learned position table)
+class GPTConfig:  # each field's meaning: config.py's KEYS (train.py --help)
+    block_size: int = 256  # the training length
     vocab_size: int = 50257
     n_layer: int = 4
     n_head: int = 4
@@ -30,26 +28,22 @@ class GPTConfig:
     pos_emb: str = "rope"
     rope_base: float = 10000.0
     rope_layout: str = "half"
-    rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
-    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None: every pair)
-    # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
+    rope_scaling: dict | None = None
+    rope_fraction: float | None = None
     nope_every: int | None = None
-    # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
     rope_window: int | None = None
-    # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
     ssmax: bool = False
-    # the original training length the methods scale from: block_size, or a fine-tune's first run's
-    train_len: int | None = None
+    train_len: int | None = None  # the length methods scale from: block_size, or a fine-tune's first run's
     # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
-    norm: str = "layernorm"  # or "rmsnorm" (Llama)
+    norm: str = "layernorm"
     norm_eps: float = 1e-5
-    biases: bool = False  # biases on every linear layer and LayerNorm (GPT-NeoX)
-    qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2)
-    mlp: str = "gelu"  # or "swiglu" (Llama: down(silu(gate(x)) * up(x)))
-    mlp_hidden: int | None = None  # the MLP's hidden width (None: 4 * n_embd)
-    n_kv_head: int | None = None  # grouped-query attention: heads of keys and values (None: n_head)
-    parallel_residual: bool = False  # GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))
-    tie_embeddings: bool = True  # the output layer is the token embedding (GPT-2, small Llamas)
+    biases: bool = False
+    qkv_bias: bool = False
+    mlp: str = "gelu"
+    mlp_hidden: int | None = None
+    n_kv_head: int | None = None
+    parallel_residual: bool = False
+    tie_embeddings: bool = True
 
     def __post_init__(self):  # the user's values are checked where they come in (config.gpt_config), not here
         self.train_len = self.train_len or self.block_size
@@ -59,8 +53,7 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
-    # transformers' partial_rotary_factor p: the first int(p * head_dim) channels rotate
-    def rotary_dim(self):
+    def rotary_dim(self):  # transformers' partial_rotary_factor p: int(p * head_dim) channels rotate
         return int(self.head_dim * (self.rope_scaling or {}).get("partial_rotary_factor", 1.0))
 
 

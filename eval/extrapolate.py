@@ -2,7 +2,6 @@
 extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs:
 docs/reference.md."""
 import argparse
-import math
 import sys
 import time
 
@@ -15,7 +14,7 @@ from data.dataset import held_out, in_tokens, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods
 from eval.score import choose_units, score_units, sliding_windows
-from eval.summary import PLOT_BINS, bin_edges, curves, helped_tokens, label, per_unit, summarize
+from eval.summary import label, summarize_grid
 from rope import scaling_type
 from runtime import load_run
 
@@ -164,22 +163,8 @@ def run_grid(model, tokens, docs, args, train_len):
                             stride=stride, positions=pos_args.settings(), n_units=len(starts),
                             tokens=n * len(starts), available=reason is None, reason=reason,
                             seconds=round(time.time() - t0, 3)))
-    helped = {k[:2]: helped_tokens(scored, *k[:2], args["helped_threshold"]) for k in scored}
-    for r in results:
-        key = r["protocol"], r["eval_len"]
-        nll, mask = scored[(*key, r["method"], r["mode"])], helped[key]
-        pos = window_positions(nll.shape[1], *key, r["stride"]) if nll is not None else None
-        refs = [None if r["method"] == ref else scored.get((*key, ref, None)) for ref in ("none", "crop")]
-        r.update(summarize(None if nll is None else per_unit(nll, pos, train_len, *refs)))
-        r["helped_tokens"] = None if mask is None else int(mask.sum())
-        helps = mask is not None and nll is not None and mask.any()
-        r["ppl_helped"] = math.exp(nll[mask].mean()) if helps else None
-        if r["protocol"] == "windows" and nll is not None:
-            r["loss_by_position"] = nll.mean(axis=0).round(6).tolist()
-            r["curve"] = curves(nll, scored.get((*key, "none", None)), bin_edges(r["eval_len"], args["bins"]))
-            if (crop := scored.get((*key, "crop", None))) is not None and r["method"] != "crop":
-                edges = np.linspace(0, r["eval_len"], PLOT_BINS + 1).round().astype(int)
-                r["crop_curve"] = curves(nll - crop, None, np.unique(edges), "diff_crop", "diff_crop_stderr")
+    positions = {(p, T): window_positions(units[p, T][0], p, T, args["stride"] or T // 2) for p, T in units}
+    summarize_grid(results, scored, positions, train_len, args["bins"], args["helped_threshold"])
     starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
     # each unit's held-out document (the one holding its first token): a study resamples documents, not
     # windows
