@@ -184,7 +184,8 @@ def model_config(config, vocab_size, train_len=None):
 # ----------------------------------------------------------------------------- model keys and rope_scaling
 
 def gpt_config(args):
-    """GPTConfig(**args) once its keys are checked (a config, a checkpoint's model_args): a bad one is a UserError."""
+    """GPTConfig(**args) once its keys are checked (a config, a checkpoint's model_args): a bad one is a
+    UserError."""
     config = GPTConfig(**args)
     check_model(config)
     return config

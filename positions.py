@@ -280,18 +280,18 @@ def layer_positions(method, tables, start, T, config, device):
         mask = visible(T, Tk, window, device, sinks)
     else:  # SDPA's causal flag does it
         mask = None
-    common = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
+    base = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
                        seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
     if not rope:
-        return common
+        return base
     if dynamic:
-        return common._replace(dynamic_freq=tables[0], dynamic_attention=tables[1])
+        return base._replace(dynamic_freq=tables[0], dynamic_attention=tables[1])
     cos, sin = tables
-    common = common._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
+    base = base._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
     if method.extend:
         far = far_rotation(method, config, cos, sin, start, T, device)
-        return common._replace(far=far, far_window=method.extend[0])
+        return base._replace(far=far, far_window=method.extend[0])
     if sinks:
         at = cache_positions(T, Tk, window, device)
-        return common._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
-    return common
+        return base._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
+    return base

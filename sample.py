@@ -1,5 +1,6 @@
-"""Generate text from a trained run with any evaluation method, as far past the training length as you ask. The KV cache
-re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options and outputs: docs/reference.md."""
+"""Generate text from a trained run with any evaluation method, as far past the training length as you ask.
+The KV cache re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md).
+Options and outputs: docs/reference.md."""
 import codecs
 import math
 import sys
@@ -20,8 +21,8 @@ SEPARATOR = "\n---------------\n"
 
 
 class KVCache:
-    """Per-layer keys and values so far, keys *before* rotation: every step re-rotates them with the frequencies
-    for the current length, exact for dynamic NTK (GPT.forward's `cache`)."""
+    """Per-layer keys and values so far, keys *before* rotation: every step re-rotates them with the
+    frequencies for the current length, exact for dynamic NTK (GPT.forward's `cache`)."""
 
     def __init__(self, n_layer):
         self.kv, self.length = [None] * n_layer, 0  # length: tokens already in the cache
@@ -36,9 +37,10 @@ class KVCache:
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, method=AS_TRAINED):
-    """Sample max_new_tokens after idx [B, T], every step with the same PositionArgs (past block_size the encoding
-    extrapolates): through a KV cache, except under crop, where each token comes from its last `crop` tokens at
-    positions 0 .. crop - 1 (nanoGPT's sampling). on_token(ids [B, 1]) sees each step's tokens as they come."""
+    """Sample max_new_tokens after idx [B, T], every step with the same PositionArgs (past block_size the
+    encoding extrapolates): through a KV cache, except under crop, where each token comes from its last `crop`
+    tokens at positions 0 .. crop - 1 (nanoGPT's sampling). on_token(ids [B, 1]) sees each step's tokens as
+    they come."""
     cache = None if method.crop else KVCache(model.config.n_layer)
     if cache is None:
         logits, _ = model(method.cropped(idx))
@@ -114,9 +116,11 @@ def parse_args(argv):
 
 
 def streamer(enc, live):
-    """(on_token for generation, the new ids so far per step, the text a last partial character leaves): with live,
-    the first sample's text is printed as it comes, so a long generation shows progress and survives a Ctrl-C."""
-    steps, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+    """(on_token for generation, the new ids so far per step, the text a last partial character leaves): with
+    live, the first sample's text is printed as it comes, so a long generation shows progress and survives a
+    Ctrl-C."""
+    # a character may span tokens
+    steps, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")
     def on_token(ids):
         steps.append(ids[:, 0].tolist())
         if live:

@@ -1,7 +1,8 @@
-"""wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation, probes and
-training resume by the id kept in the run folder; every number a user compares a summary metric with a sortable name;
-curves as history on their own x-axis (training: iter; loss by position: position). Never waits on a login or a
-network: offline, said in one line, whenever the server cannot be had. Torch-free."""
+"""wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation,
+probes and training resume by the id kept in the run folder; every number a user compares a summary metric
+with a sortable name; curves as history on their own x-axis (training: iter; loss by position: position).
+Never waits on a login or a network: offline, said in one line, whenever the server cannot be had.
+Torch-free."""
 import http.client
 import json
 import netrc
@@ -44,9 +45,9 @@ def given_mode():
 
 
 def wandb_mode():
-    """WANDB_MODE's offline or disabled as given; else online where there is a login and its server answers within
-    CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails, and without a
-    network waits about 100 s before it fails)."""
+    """WANDB_MODE's offline or disabled as given; else online where there is a login and its server answers
+    within CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails,
+    and without a network waits about 100 s before it fails)."""
     mode = given_mode()
     if mode in ("offline", "disabled"):
         return mode
@@ -121,11 +122,12 @@ def offline(why):
 
 
 def open_run(config, run_dir, new=False, job_type=None):
-    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere: resumed by the
-    id in run_dir/wandb.json, else (or new: a training from scratch) a new run whose id is kept there. Its name is the
-    run's, its group the study's (wandb_group) or else its own (a fine-tune: its origin's group), so a workspace
-    groups a model with its fine-tunes; job type train, fine-tune, or as given. Its config: the run's, and config_name,
-    the run's name without a study's _seed<k>, which a config's seeds share (a workspace groups them by it)."""
+    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere:
+    resumed by the id in run_dir/wandb.json, else (or new: a training from scratch) a new run whose id is kept
+    there. Its name is the run's, its group the study's (wandb_group) or else its own (a fine-tune: its
+    origin's group), so a workspace groups a model with its fine-tunes; job type train, fine-tune, or as
+    given. Its config: the run's, and config_name, the run's name without a study's _seed<k>, which a config's
+    seeds share (a workspace groups them by it)."""
     import wandb
     run_dir = run_home(run_dir)
     if (known := ready_to_log(run_dir, new)) is None or (mode := wandb_mode()) == "disabled":
@@ -158,7 +160,8 @@ def open_run(config, run_dir, new=False, job_type=None):
 
 
 def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
-    """Into the model's run: summary metrics, history rows (curves on their own x-axis) and media (tables, images)."""
+    """Into the model's run: summary metrics, history rows (curves on their own x-axis) and media (tables,
+    images)."""
     if (run := open_run(config, run_dir, job_type=job_type)) is None:
         return
     with run:
@@ -170,7 +173,8 @@ def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
 
 
 def key(*parts):
-    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn - rope_small crop')."""
+    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn -
+    rope_small crop')."""
     return "/".join(re.sub(r"[\s/()]+", "_", str(p)).strip("_") for p in parts)
 
 
@@ -184,9 +188,10 @@ EXTRAPOLATION = dict(ppl="ppl", ppl_past_L="ppl_beyond_train", loss_past_L="loss
 
 
 def extrapolation_metrics(report):
-    """(summary, history rows) of an eval/extrapolate.py report: per length (a multiple of L), method and, where both
-    ran, protocol, the numbers of EXTRAPOLATION; per length the binned loss and loss minus crop by position, the bins
-    of extrapolation.png, in rows whose x is the token position (and position_over_L, its multiple of L)."""
+    """(summary, history rows) of an eval/extrapolate.py report: per length (a multiple of L), method and,
+    where both ran, protocol, the numbers of EXTRAPOLATION; per length the binned loss and loss minus crop by
+    position, the bins of extrapolation.png, in rows whose x is the token position (and position_over_L, its
+    multiple of L)."""
     L, results = report["train_len"], [r for r in report["results"] if r["available"]]
     both = len({r["protocol"] for r in results}) > 1
     summary, by_length = {}, {}
@@ -202,8 +207,8 @@ def extrapolation_metrics(report):
 
 
 def log_extrapolation(report, ckpt, run_dir, png_path):
-    """Into the model's run: eval/extrapolate.py's numbers as summary metrics, its curves by position, its table
-    and figure."""
+    """Into the model's run: eval/extrapolate.py's numbers as summary metrics, its curves by position, its
+    table and figure."""
     import wandb
     from eval.report import CSV_FIELDS
     table = wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])

@@ -1,5 +1,5 @@
-"""Formatting, figure layout and output writing shared by the scripts that print, plot or compare, and eval/extrapolate.py's
-table and figure (no torch here)."""
+"""Formatting, figure layout and output writing shared by the scripts that print, plot or compare, and
+eval/extrapolate.py's table and figure (no torch here)."""
 import csv
 import io
 import math
@@ -15,7 +15,8 @@ def fmt(x, digits=2):
 
 
 def pyplot():
-    """matplotlib's pyplot, drawing to files only (the Agg backend: never a window, works without a display)."""
+    """matplotlib's pyplot, drawing to files only (the Agg backend: never a window, works without a
+    display)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -23,7 +24,8 @@ def pyplot():
 
 
 def png(fig, tight=True, rect=None, **savefig):
-    """The figure as PNG bytes (laid out tight within rect unless tight is False), then closed: for write_all."""
+    """The figure as PNG bytes (laid out tight within rect unless tight is False), then closed: for
+    write_all."""
     if tight:
         fig.tight_layout(rect=rect)
     buf = io.BytesIO()
@@ -33,7 +35,8 @@ def png(fig, tight=True, rect=None, **savefig):
 
 
 def json_csv(name, report, rows, fields):
-    """{name.json: the report, name.csv: the rows' fields, None (or a non-finite number) as an empty cell}, for write_all."""
+    """{name.json: the report, name.csv: the rows' fields, None (or a non-finite number) as an empty cell},
+    for write_all."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
@@ -42,8 +45,8 @@ def json_csv(name, report, rows, fields):
 
 
 def write_all(out, files):
-    """Write {name: text or bytes} into the folder out, each atomically (common.write_atomic): call it last. Then the
-    folder's claim (common.claim_output) is released: the outputs are in place."""
+    """Write {name: text or bytes} into the folder out, each atomically (common.write_atomic): call it last.
+    Then the folder's claim (common.claim_output) is released: the outputs are in place."""
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         write_atomic(out / name, lambda f: f.write(data.encode() if isinstance(data, str) else data))
@@ -51,7 +54,8 @@ def write_all(out, files):
 
 
 def panels(plt, n, per_row, stacked, size, **subplots):
-    """(figure, per item its `stacked` panels top to bottom) for n items, per_row a row, size (w, h) inches per item."""
+    """(figure, per item its `stacked` panels top to bottom) for n items, per_row a row, size (w, h) inches
+    per item."""
     cols, rows = min(per_row, n), math.ceil(n / per_row)
     fig, axes = plt.subplots(stacked * rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False, **subplots)
     places = [tuple(axes[stacked * (i // cols) + k, i % cols] for k in range(stacked)) for i in range(rows * cols)]
@@ -62,8 +66,9 @@ def panels(plt, n, per_row, stacked, size, **subplots):
     return fig, places[:n]
 
 
-# One colour and marker per method, in every figure of every command (extrapolate, compare, study, context, probes):
-# crop black and dashed, the baseline; methods that keep to crop (window, sinks, self-extend, rerope) far apart in hue.
+# One colour and marker per method, in every figure of every command (extrapolate, compare, study, context,
+# probes): crop black and dashed, the baseline; methods that keep to crop (window, sinks, self-extend, rerope)
+# far apart in hue.
 STYLES = {"none": ("#1f77b4", "o"), "crop": ("k", "s"), "window": ("#8c564b", "^"), "sinks": ("#e377c2", "v"),
           "pi": ("#ff7f0e", "<"), "ntk": ("#2ca02c", ">"), "dynamic-ntk": ("#98df8a", "p"), "yarn": ("#d62728", "*"),
           "ntk-by-parts": ("#ff9896", "h"), "llama3": ("#9467bd", "X"), "logn": ("#7f7f7f", "d"),
@@ -72,8 +77,9 @@ STYLES = {"none": ("#1f77b4", "o"), "crop": ("k", "s"), "window": ("#8c564b", "^
 
 
 def line_style(name):
-    """A method's colour, marker and line (STYLES); name as labelled: a mode in brackets or settings after ':' draw
-    its colour dashed (dynamic-ntk (causal), yarn:beta_fast=4). Crop dashed; a name not in STYLES grey, dotted."""
+    """A method's colour, marker and line (STYLES); name as labelled: a mode in brackets or settings after ':'
+    draw its colour dashed (dynamic-ntk (causal), yarn:beta_fast=4). Crop dashed; a name not in STYLES grey,
+    dotted."""
     method = name.split(" (")[0].split(":")[0]
     color, marker = STYLES.get(method, ("0.5", "."))
     variant = method in STYLES and name != method and name != "dynamic-ntk (sequence)"
@@ -86,8 +92,8 @@ def signed(x, digits=3):
 
 
 def same_rows(entries):
-    """{label: the first label with the same numbers at every length and protocol}: one forward, two names (ntk and
-    dynamic-ntk (sequence) at factor 1 apart), so a reader is told, not left to compare cells."""
+    """{label: the first label with the same numbers at every length and protocol}: one forward, two names
+    (ntk and dynamic-ntk (sequence) at factor 1 apart), so a reader is told, not left to compare cells."""
     rows = {}
     for r in entries:
         rows.setdefault(label(r), []).append((r["protocol"], r["eval_len"], r["loss"], r["loss_beyond_train"]))
@@ -102,7 +108,8 @@ ALWAYS_DRAWN, BEST_N = ("none", "pi", "ntk", "yarn"), 4  # (crop: the zero line)
 
 
 def past_means(entries, L):
-    """{label: its mean loss minus crop past L over the lengths past L}, for those with a number at every such length."""
+    """{label: its mean loss minus crop past L over the lengths past L}, for those with a number at every such
+    length."""
     rows = {}
     for r in entries:
         if r["eval_len"] > L and r["method"] != "crop":
@@ -111,8 +118,8 @@ def past_means(entries, L):
 
 
 def plotted(entries, chosen, L):
-    """The labels drawn: the methods chosen (--plot), else ALWAYS_DRAWN's and the BEST_N others whose mean past L is lowest
-    (by this run's own numbers), a row with another's numbers (same_rows) drawn once."""
+    """The labels drawn: the methods chosen (--plot), else ALWAYS_DRAWN's and the BEST_N others whose mean
+    past L is lowest (by this run's own numbers), a row with another's numbers (same_rows) drawn once."""
     scored = list(dict.fromkeys(label(r) for r in entries if r.get("crop_curve")))
     if chosen:
         return [k for k in scored if k.split(" (")[0] in chosen]
@@ -122,8 +129,9 @@ def plotted(entries, chosen, L):
 
 
 def extrapolation_table(report):
-    """eval/extrapolate.py's text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl beyond the
-    training length); a row with another's numbers says so, and a last row per protocol counts the units scored."""
+    """eval/extrapolate.py's text table: rows protocol / method (mode), columns eval lengths, cells ppl (ppl
+    beyond the training length); a row with another's numbers says so, and a last row per protocol counts the
+    units scored."""
     L, lens, rows, same = report["train_len"], sorted({r["eval_len"] for r in report["results"]}), {}, same_rows(report["results"])
     for r in report["results"]:
         cell = fmt(r["ppl"]) + ("" if r["ppl_beyond_train"] is None else f" ({fmt(r['ppl_beyond_train'])})")
@@ -147,8 +155,8 @@ def extrapolation_table(report):
 
 
 def extrapolation_plot(report, chosen=None):
-    """eval/extrapolate.py's extrapolation.png as bytes: per length past training, the loss minus crop's by position
-    (paired, binned, +- one standard error), one y-scale per row, one legend beside the panels."""
+    """eval/extrapolate.py's extrapolation.png as bytes: per length past training, the loss minus crop's by
+    position (paired, binned, +- one standard error), one y-scale per row, one legend beside the panels."""
     plt, L, ctx_len = pyplot(), report["train_len"], report.get("context_len", report["train_len"])
     entries = [r for r in report["results"] if r["protocol"] == "windows"]
     lens = [T for T in sorted({r["eval_len"] for r in entries}) if T > L] or sorted({r["eval_len"] for r in entries})

@@ -33,11 +33,9 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED
     for i in range(0, N, batch):
         chunk = torch.from_numpy(rows[i:i + batch]).to(device)
         with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
-            # only the targets asked for: in a strided crop
+            # the head only over the targets asked for: a strided crop reads few of them
             logits, _ = model(chunk[:, :-1], last=m, method=method)
-        # the head and the cross-entropy of the positions nobody reads took half the time
-        # per token, in float32 (as the model's own loss), not averaged: positions are the point
-        y = chunk[:, -m:]
+        y = chunk[:, -m:]  # per token, in float32 (as the model's own loss): positions are the point
         loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
         nll[i:i + len(chunk)] = loss.double().cpu().numpy()
         hit[i:i + len(chunk)] = (logits.argmax(-1) == y).cpu().numpy()
