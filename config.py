@@ -46,8 +46,10 @@ MODEL_HELP = dict(
     rope_window="RNoPE-SWA: the RoPE layers attend only to their last rope_window positions",
     ssmax="Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head",
     norm="layernorm or rmsnorm (Llama)", norm_eps="the norms' epsilon",
-    biases="biases on every linear layer and LayerNorm (GPT-NeoX)", qkv_bias="biases on q, k and v only (Qwen2)",
-    mlp="gelu or swiglu (Llama: down(silu(gate(x)) * up(x)))", mlp_hidden="the MLP's hidden width (None: 4 * n_embd)",
+    biases="biases on every linear layer and LayerNorm (GPT-NeoX)", qkv_bias="biases on q, k and v only "
+                                                                             "(Qwen2)",
+    mlp="gelu or swiglu (Llama: down(silu(gate(x)) * up(x)))", mlp_hidden="the MLP's hidden width (None: 4 * "
+                                                                          "n_embd)",
     n_kv_head="grouped-query attention: heads of keys and values (None: n_head)",
     parallel_residual="GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))",
     tie_embeddings="the output layer is the token embedding (GPT-2, small Llamas)")
@@ -57,7 +59,7 @@ MODEL_HELP = dict(
 KEYS = dict(
     out_dir=("out/default", "the run's folder (ckpt.pt, log.jsonl); its name is the wandb run's",
              lambda v: None if v.strip() else "is empty: name the run's folder, e.g. out/my_run"),
-    init_from=("scratch", "'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune"),
+    init_from=("scratch", "scratch, resume (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune"),
     overwrite=(False, "True: a new run replaces the one in out_dir (else that is an error)"),
     eval_interval=(250, "iterations between evaluations (and checkpoints)", at_least(1)),
     eval_iters=(20, "batches per evaluation", at_least(1)),
@@ -66,7 +68,8 @@ KEYS = dict(
                 iterations),
     wandb_log=(True, "log to wandb (offline if no login)"), wandb_project=("ropelab", "the wandb project"),
     wandb_run_name=("", "the wandb run's name (default: out_dir's)"), wandb_group=("", "the wandb group"),
-    dataset=("shakespeare", "data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder"),
+    dataset=("shakespeare", "data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a "
+                            "folder"),
     batch_size=(16, "rows per micro step, per process", at_least(1)),
     gradient_accumulation_steps=(1, "micro steps per iteration, per process", at_least(1)),
     retrieval_mix=(0.0, "the share of each batch's rows replaced by retrieval rows (data/synthetic.py)",
@@ -113,7 +116,9 @@ def set_key(config, key, value, source):
         wrong = (check[0](value) if check else None) or (numeric and value < 0 and "must be >= 0")
     if wrong:
         raise UserError(f"{key}={value!r} (from {source}) {wrong}")
-    config[key] = float(value) if type(default) is float else tuple(sorted(set(value))) if key == "keep_iters" else value
+    config[key] = float(value) if type(default) is float else value
+    if key == "keep_iters":
+        config[key] = tuple(sorted(set(value)))
 
 
 def load_config(argv):
@@ -146,20 +151,25 @@ def load_config(argv):
         raise UserError("overwrite=True replaces the run in out_dir, init_from='resume' continues it: "
                         "give one of them")
     if late := [n for n in config["keep_iters"] if n > config["max_iters"]]:
-        raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up to max_iters")
+        raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up "
+                        "to max_iters")
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
-        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the schedule "
+        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: "
+                        "the schedule "
                         "decays from learning_rate to min_lr; use min_lr <= learning_rate")
     # it would train and be stored, doing nothing
     if config["rope_scaling"] is not None and config["pos_emb"] != "rope":
-        raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: only a RoPE model "
+        raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: "
+                        "only a RoPE model "
                         "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
     if config["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
-        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size >= {MIN_BLOCK_SIZE}")
+        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size "
+                        f">= {MIN_BLOCK_SIZE}")
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
+        most = (config["block_size"] + 1) // 2
         raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
-                         f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
+                        f"{config['block_size']}; use retrieval_segment <= {most}")
     return config
 
 
@@ -192,7 +202,8 @@ def gpt_config(args):
 
 
 def check_model(c):
-    small = [f"{k}={getattr(c, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(c, k) < 1]
+    sizes = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
+    small = [f"{k}={getattr(c, k)!r}" for k in sizes if getattr(c, k) < 1]
     if small:
         raise UserError(f"{', '.join(small)}: model sizes must be >= 1")
     head_dim = c.head_dim
@@ -215,9 +226,11 @@ def check_model(c):
     if c.pos_emb == "rope" and head_dim % 2:
         raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {head_dim}")
     if c.pos_emb == "alibi" and c.rope_scaling is not None:
-        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to scale")
+        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to "
+                        "scale")
     if c.rope_fraction is not None and c.pos_emb != "rope":
-        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {c.pos_emb!r}")
+        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not "
+                        f"{c.pos_emb!r}")
     for key in ("nope_every", "rope_window"):
         if (value := getattr(c, key)) is not None and (type(value) is not int or value < 1):
             raise UserError(f"{key} must be an integer >= 1 (or None), got {value!r}")
@@ -227,10 +240,13 @@ def check_model(c):
     # p-RoPE: a share of the pairs that rotates at least one
     if c.pos_emb == "rope" and c.rope_fraction is not None:
         if not (is_number(c.rope_fraction) and 0 < c.rope_fraction <= 1):
-            raise UserError(f"rope_fraction must be a number in (0, 1] (or None: every pair rotates), got {c.rope_fraction!r}")
+            raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), got "
+                            f"{c.rope_fraction!r}")
         if round(c.rope_fraction * (head_dim // 2)) < 1:
-            raise UserError(f"rope_fraction={c.rope_fraction!r} rotates round({c.rope_fraction!r} * {head_dim // 2}) = 0 of "
-                            f"the {head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or pos_emb='none')")
+            raise UserError(f"rope_fraction={c.rope_fraction!r} rotates round({c.rope_fraction!r} * "
+                            f"{head_dim // 2}) = 0 of "
+                            f"the {head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or "
+                            "pos_emb='none')")
     check_scaling(c.rope_scaling, head_dim, c.block_size)
 
 
@@ -263,7 +279,8 @@ def check_scaling(scaling, head_dim=None, block_size=None):
         raise UserError(f"rope_type {rope_type!r} needs 'factor'")  # transformers: a missing required key
     factor = get("factor", 1.0)
     if not is_number(factor) or not 1 <= factor <= MAX_FACTOR:  # past MAX_FACTOR the math overflows
-        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}" + f"; at most {MAX_FACTOR:g}" * (factor != 1))
+        most = f"; at most {MAX_FACTOR:g}" if factor != 1 else ""
+        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}{most}")
     if (theta := get("rope_theta")) is not None and not (is_number(theta) and theta > 1):
         raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
     # None: transformers' default
@@ -278,7 +295,8 @@ def check_scaling(scaling, head_dim=None, block_size=None):
     original = get(ORIGINAL)
     if ORIGINAL in kind.required and original is None:
         raise UserError(f"rope_type {rope_type!r} needs '{ORIGINAL}' (the training length)")
-    if original is not None and (isinstance(original, bool) or not isinstance(original, numbers.Integral) or original < 1):
+    integral = isinstance(original, numbers.Integral) and not isinstance(original, bool)
+    if original is not None and not (integral and original >= 1):
         raise UserError(f"{ORIGINAL} must be an integer >= 1 (the training length), got {original!r}")
     low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)
     # Llama 4: equal
@@ -286,17 +304,20 @@ def check_scaling(scaling, head_dim=None, block_size=None):
         raise UserError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
     if rope_type == "longrope" and "factor" not in scaling and get("attention_factor") is None:
-        raise UserError(f"longrope needs 'factor' (its attention factor's s: config.json's max_position_embeddings / "
+        raise UserError("longrope needs 'factor' (its attention factor's s: config.json's "
+                        "max_position_embeddings / "
                         f"{ORIGINAL}) or 'attention_factor'")
     partial = get("partial_rotary_factor", 1.0)
     if not (is_number(partial) and 0 < partial <= 1):
         raise UserError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
     dim = int(head_dim * partial) if head_dim else None
     if dim is not None and not kind.whole_head and (dim < 2 or dim % 2):
-        raise UserError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, odd or 0")
+        raise UserError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, "
+                        "odd or 0")
     for key in ("short_factor", "long_factor") if rope_type == "longrope" else ():
         values, n = get(key), dim // 2 if dim else "rotary dim / 2"
         if not (isinstance(values, (list, tuple)) and all(is_number(v) and v > 0 for v in values)
                 and len(values) == (n if dim else len(values))):
-            raise UserError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got {str(values)[:50]}")
+            raise UserError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got "
+                            f"{str(values)[:50]}")
     return rope_type, float(factor)

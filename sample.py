@@ -54,7 +54,10 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=N
         idx = torch.cat((idx, idx_next), dim=1)
         if on_token:
             on_token(idx_next)
-        logits, _ = model(method.cropped(idx)) if cache is None else model(idx_next, cache=cache, method=method)
+        if cache is None:
+            logits, _ = model(method.cropped(idx))
+        else:
+            logits, _ = model(idx_next, cache=cache, method=method)
     return idx
 
 
@@ -132,7 +135,8 @@ def read_prompt(path):
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8") from None
+        raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it "
+                        "to UTF-8") from None
     except IsADirectoryError:
         raise UserError(f"--prompt_file {path} is a folder; give a text file") from None
     except FileNotFoundError:
@@ -146,16 +150,19 @@ def sample(args):
     enc = run_tokenizer(ckpt)  # the run's vocabulary: the data is not needed, only its tokenizer
     text = read_prompt(args["prompt_file"]) if args["prompt_file"] else args["prompt"]
     if args["prompt_file"] and not text:
-        raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
+        raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document "
+                        f"({EOT})")
     if not text and enc.eot_token is None:
-        raise UserError(f"{args['run_dir']}'s model names no end-of-text token to start a new document: give --prompt")
+        raise UserError(f"{args['run_dir']}'s model names no end-of-text token to start a new document: give "
+                        "--prompt")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
     total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], cfg.train_len
     if reason := unavailable(cfg, method, total):  # before any sampling
         raise UserError(f"--method {method}: {reason}")
     if (factor := method_factor(method, total, train_len, args["factor"])) and factor > MAX_FACTOR:
-        raise UserError(f"--max_new_tokens {args['max_new_tokens']}: {total} tokens make --method {method}'s factor "
+        raise UserError(f"--max_new_tokens {args['max_new_tokens']}: {total} tokens make --method {method}'s "
+                        "factor "
                         f"{factor:.3g}, above {MAX_FACTOR:g}; ask for fewer tokens or pin --factor")
     how = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
@@ -172,7 +179,8 @@ def sample(args):
         with autocast("auto", torch.device(args["device"]).type)[1]:
             generate(model, idx, *new, on_token=on_token, method=how)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(f"after {len(steps)} of {args['max_new_tokens']} new tokens; the text so far is above") from None
+        raise KeyboardInterrupt(f"after {len(steps)} of {args['max_new_tokens']} new tokens; the text so far "
+                                "is above") from None
     finally:  # the text so far, whatever happens: the one sample streamed, or every sample printed now
         samples = [(text or "") + enc.decode([step[i] for step in steps]) for i in range(args["num_samples"])]
         print(*([rest()] if live else samples), sep=SEPARATOR, end=SEPARATOR)

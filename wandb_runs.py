@@ -118,7 +118,8 @@ def ready_to_log(run_dir, new=False):
 
 
 def offline(why):
-    print(f"wandb: {why}: logging offline under ./wandb; upload with `wandb sync wandb/offline-run-*`", flush=True)
+    print(f"wandb: {why}: logging offline under ./wandb; upload with `wandb sync wandb/offline-run-*`",
+          flush=True)
 
 
 def open_run(config, run_dir, new=False, job_type=None):
@@ -141,7 +142,8 @@ def open_run(config, run_dir, new=False, job_type=None):
     if not (isinstance(run["project"], str) and run["project"].strip()):
         raise UserError(f"wandb_project={run['project']!r} is not a project name: give one, e.g. "
                         "--wandb_project=ropelab")
-    settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)), resume="allow" if known else None, **run)
+    settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)),
+                    resume="allow" if known else None, **run)
     try:
         wb = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=INIT_TIMEOUT), **settings)
     except wandb.errors.CommError as e:  # reachable, yet no run within INIT_TIMEOUT, or the login was refused
@@ -198,11 +200,14 @@ def extrapolation_metrics(report):
     for r in results:
         method = "-".join(filter(None, (r["method"], r["mode"])))  # dynamic-ntk-causal
         at = (times(r["eval_len"], L), method, *([r["protocol"]] if both else []))
-        summary.update({key(name, *at): r[field] for name, field in EXTRAPOLATION.items() if r[field] is not None})
-        for curve, name, field in (("curve", "loss_by_position", "loss"), ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
+        summary.update({key(name, *at): r[field] for name, field in EXTRAPOLATION.items()
+                        if r[field] is not None})
+        for curve, name, field in (("curve", "loss_by_position", "loss"),
+                                   ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
             for x, y in zip(*(r[curve][k] for k in ("x", field))) if r.get(curve) else ():
                 by_length.setdefault(r["eval_len"], {}).setdefault(x + 1, {})[key(name, *at[:2])] = y
-    rows = [dict(position=p, position_over_L=p / L, **values) for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
+    rows = [dict(position=p, position_over_L=p / L, **values)
+            for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
     return summary, rows
 
 

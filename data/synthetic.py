@@ -11,9 +11,11 @@ def plant_repeat(row, segment, start, distance):
     """Write segment at row[start:] and again at row[start + distance:] (in place)."""
     k = len(segment)
     if distance < k:
-        raise UserError(f"distance {distance} is shorter than the segment ({k} tokens): the copies would overlap")
+        raise UserError(f"distance {distance} is shorter than the segment ({k} tokens): the copies would "
+                        "overlap")
     if start < 0 or start + distance + k > len(row):
-        raise UserError(f"a segment of {k} at {start} repeated at distance {distance} does not fit in {len(row)} tokens")
+        raise UserError(f"a segment of {k} at {start} repeated at distance {distance} does not fit in "
+                        f"{len(row)} tokens")
     row[start:start + k] = segment
     row[start + distance:start + distance + k] = segment
 
@@ -71,7 +73,8 @@ def mqar_rows(filler, rng, pairs, vocab, at):
     if not 1 <= pairs <= vocab // 2:
         raise UserError(f"{pairs} key-value pairs need 1 <= pairs <= vocab // 2 = {vocab // 2}")
     if (at[:, 0] < 2 * pairs).any() or (at[:, -1] + 1 >= rows.shape[1]).any() or (np.diff(at) < 2).any():
-        raise UserError(f"queries at {at.tolist()} must follow the {2 * pairs} tokens of pairs, increase by >= 2 "
+        raise UserError(f"queries at {at.tolist()} must follow the {2 * pairs} tokens of pairs, increase by "
+                        ">= 2 "
                          f"and leave room for their values in {rows.shape[1]} tokens")
     mask = np.zeros(rows.shape, dtype=bool)
     for row, where, m in zip(rows, at, mask):
