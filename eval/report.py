@@ -212,8 +212,8 @@ WEIGHTS = "weights_id"  # a result's key: common.weights_id of the checkpoint it
 
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl",
               "loss_beyond_train", "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop",
-              "diff_crop_stderr", "diff_none_inside", "diff_none_inside_stderr", "helped_tokens", "ppl_helped",
-              "n_units", "tokens", "seconds", "available", "reason")
+              "diff_crop_stderr", "diff_none_inside", "diff_none_inside_stderr", "helped_tokens",
+              "ppl_helped", "n_units", "tokens", "seconds", "available", "reason")
 
 
 def write_extrapolation(report, out, chosen=None):
