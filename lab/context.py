@@ -27,6 +27,7 @@ from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
 from eval.score import score_rows
+from lab.crop import score_cropped
 from eval.summary import mean_stderr
 from lab.pages import generated, write_page
 from runtime import load_run
@@ -37,24 +38,6 @@ from eval.reading import unique_runs
 WHOLE = "whole-L"  # the whole-window reading at L: a baseline of this sweep, not a method of the forward
 CSV_FIELDS = ("method", "context", "multiple", "factor", "loss", "ppl", "stderr", "diff_crop", "diff_crop_stderr", "available",
               "reason", "seconds")
-
-
-def score_cropped(model, rows, last, context):
-    """(NLL, top-1 hit) [N, last] of the last `last` targets of token rows [N, n+1], each predicted from exactly its own
-    last `context` tokens at positions 0 .. context - 1 (fewer where the row holds fewer): exact crop, stride 1."""
-    rows = np.asarray(rows, dtype=np.int64)
-    n = rows.shape[1] - 1
-    first = n - last  # index of the first target asked for, in 0 .. n - 1 (target j is rows[:, j + 1])
-    short = min(n, context)  # targets 0 .. short - 1 see their whole row prefix: one window from position 0
-    parts = []
-    if first < short:
-        nll, hit = score_rows(model, rows[:, :short + 1], last=short - first)
-        parts.append((nll, hit))
-    if (lo := max(first, context)) < n:  # targets lo .. n - 1, each with a window of context + 1 tokens ending at it
-        windows = np.lib.stride_tricks.sliding_window_view(rows, context + 1, axis=1)[:, lo - context + 1:]
-        nll, hit = score_rows(model, windows.reshape(-1, context + 1), last=1)
-        parts.append((nll.reshape(len(rows), -1), hit.reshape(len(rows), -1)))
-    return tuple(np.concatenate(p, axis=1) for p in zip(*parts))
 
 
 def parse_args(argv):

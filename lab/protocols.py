@@ -32,7 +32,7 @@ from data.dataset import doc_windows, held_out, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot
 from eval.score import score_rows
-from lab.context import score_cropped
+from lab.crop import score_cropped
 from runtime import load_run
 from lab.pages import generated, log_page, write_page
 from wandb_runs import key

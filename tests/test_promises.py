@@ -247,16 +247,18 @@ def test_a_report_without_protocol_is_one_line_in_compare(tmp_path):
 def test_out_of_memory_says_what_to_lower(dataset, tmp_path, monkeypatch):
     def oom(*a):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-    monkeypatch.setattr(train, "mix_retrieval", oom)
+    monkeypatch.setattr(train, "lr_at", oom)
     one_line(run_main(args(dataset, tmp_path)), "out of memory", "lower --batch_size")
 
 
 def test_ctrl_c_in_training_says_where_and_how_to_resume(dataset, tmp_path, monkeypatch, capsys):
     steps = iter(range(100))
-    def ctrl_c(*a):  # the 8th batch: iteration 7, after the checkpoint at 5
+    real = train.lr_at
+    def ctrl_c(*a):  # the 8th iteration's start: iteration 7, after the checkpoint at 5
         if next(steps) == 7:
             raise KeyboardInterrupt
-    monkeypatch.setattr(train, "mix_retrieval", ctrl_c)
+        return real(*a)
+    monkeypatch.setattr(train, "lr_at", ctrl_c)
     code, _, err = interrupted(train.main, args(dataset, tmp_path, eval_interval=5), capsys)
     assert code == 130 and err.strip() == ("train.py: interrupted at iter 7; resume with --init_from=resume "
                                            "(from its checkpoint at iter 5)")
