@@ -51,8 +51,15 @@ def listed(name, kind, allowed=None):
     return checked(lambda t: parse_list(t, name, kind, allowed))
 
 
+def multiples(text):
+    values = parse_list(text, "lengths", float)
+    if any(m <= 0 for m in values):
+        raise UserError(f"--lengths must be positive multiples of the training length, got {text}")
+    return values
+
+
 OPTIONS = (  # name, default, type, help
-    ("lengths", "1,2,4,8,16", listed("lengths", float), "multiples of the training length"),
+    ("lengths", "1,2,4,8,16", checked(multiples), "multiples of the training length"),
     ("methods", ",".join(FIXED), checked(parse_methods), f"any of {', '.join(methods.METHODS)} (pairs needs "
      "--pair_factors), each with optional settings: name:key=value (yarn:beta_fast=4)"),
     ("docs", "all", choice("docs", DOCS), "held-out documents scored: all, dev (even-numbered) or test "
@@ -87,9 +94,7 @@ def parse_args(argv):
         p.add_argument(f"--{name}", default=default, type=kind,
                        help=text + ("" if default is None else f" (default {default})"))
     a = p.parse_args(argv)
-    refuse_unused(a, argv)
-    if any(m <= 0 for m in a.lengths):
-        raise UserError(f"--lengths must be positive multiples of the training length, got {a.lengths}")
+    refuse_unused(a)
     if "windows" not in a.protocols:
         raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows "
                         "protocol): use --protocols windows,sliding")
@@ -98,7 +103,7 @@ def parse_args(argv):
                 dynamic_modes=a.dynamic_modes or ["sequence"], dynamic_factor=a.dynamic_factor or 1.0)
 
 
-def refuse_unused(a, argv):
+def refuse_unused(a):
     """Options that apply to no method evaluated are refused, not ignored; --plot draws evaluated ones."""
     names = [m.name for m in a.methods]
     for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"),
@@ -153,8 +158,7 @@ def run_grid(model, tokens, docs, args, train_len):
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         pos_args = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
-        # crop depends on the units alone: the sliding protocol's lengths share their stretches, so crop's
-        # scores
+        # crop depends on the units alone: the sliding protocol's lengths share their stretches, so its scores
         key = ("crop", pos_args.crop, n, tuple(starts)) if pos_args.crop else (protocol, T, method, mode)
         if not reason and key not in done:
             done[key] = score_units(model, tokens, starts, n, protocol, T, stride, pos_args, crop_stride)
