@@ -194,14 +194,6 @@ def rope_tables(config, scaling, seq_len, positions, slowdown=1):
     return rope_cos_sin(inv_freq.to(positions.device), positions, attention, config.rope_layout)
 
 
-def causal_dynamic_frequencies(config, scaling, seq_len, device):
-    """Exact causal dynamic scaling's frequencies [seq_len, head_dim / 2] (row t: length t + 1's) and
-    attention factor per pair [head_dim / 2] (the full length's), for positions.causal_dynamic_attention."""
-    freqs = [frequencies(config, scaling, n) for n in range(1, seq_len + 1)]
-    attention = pair_attention(config, freqs[-1][1])
-    return torch.stack([f for f, _ in freqs]).to(device), attention.to(device)
-
-
 def pair_attention(config, attention_factor):
     """The attention factor per pair [head_dim // 2]: transformers scales only the rotary dims' cos and sin,
     so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
