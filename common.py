@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -53,7 +54,7 @@ def run_cli(prog, fn, *args):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # a ValueError, for run_cli's one line (argparse's own error takes two, with the usage)
-        raise UserError(message)
+        raise UserError(re.sub(r"^argument (--[\w-]+): (?=.*\1)", "", message))  # a type's message names it
 
 
 def command_parser(doc, *shared, out=None, seed=0, wandb_log=None):

@@ -1,5 +1,6 @@
-"""The boundary: a run's config (the defaults, then config files of plain assignments and --key=value), its model keys and
-a rope_scaling dict, each checked once here, where they come in; model.py and rope.py trust what passes."""
+"""The boundary: a run's config (the defaults, then config files of plain assignments and --key=value), its
+model keys and a rope_scaling dict, each checked once here, where they come in; model.py and rope.py trust
+what passes."""
 import ast
 import math
 import numbers
@@ -12,59 +13,112 @@ from model import MLPS, NORMS, POS_EMBS, GPTConfig
 from positions import MIN_BLOCK_SIZE
 from rope import COMMON_KEYS, LAYOUTS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
 
-# vocab_size comes from the data, train_len from the checkpoint a run fine-tunes (train.py): neither is a config key
+# vocab_size comes from the data, train_len from the checkpoint a run fine-tunes (train.py): neither is a
+# config key
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "train_len"))
 
-DEFAULTS = dict(
-    out_dir="out/default",
-    init_from="scratch",  # 'scratch', 'resume' (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune
-    overwrite=False,  # True: a new run replaces the one in out_dir (else that is an error)
-    eval_interval=250, eval_iters=20, log_interval=25,  # iterations between evaluations (and checkpoints); batches per one
-    keep_iters=(),  # iterations whose checkpoint is also kept, in out_dir/iter_<n>/ (a run of its own: evaluate, resume)
-    wandb_log=True, wandb_project="ropelab", wandb_run_name="", wandb_group="",  # names: out_dir's; offline if no login
-    dataset="shakespeare",  # data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a folder
-    batch_size=16, gradient_accumulation_steps=1,  # both per process
-    retrieval_mix=0.0, retrieval_segment=32, retrieval_vocab=0,  # copy rows in each batch: data/synthetic.py
-    retrieval_task="copy",  # what those rows are: 'copy', or 'mqar' (retrieval_segment // 2 key-value pairs recalled)
-    **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS},  # GPTConfig's; block_size: training length
-    learning_rate=2e-3, max_iters=1500, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,  # AdamW
-    warmup_iters=100, lr_decay_iters=0, min_lr=2e-4,  # linear warmup then cosine decay to min_lr (0: by max_iters)
-    device="auto", dtype="auto", compile=False,  # auto: cuda, then mps, then cpu; bfloat16 on CUDA if supported, else float32
-    seed=1337,  # the data order and the initial weights; process k of a DDP run uses seed + k
+
+def at_least(low):
+    return lambda v: None if v >= low else f"must be >= {low}"
+
+
+def one_of(*allowed):
+    return lambda v: None if v in allowed else f"is not one of: {', '.join(allowed)}"
+
+
+def below_one(key):  # AdamW's betas: a decay rate of 1 or more never forgets
+    return lambda v: None if v < 1 else f"is one of AdamW's betas: use 0 <= {key} < 1"
+
+
+def iterations(v):
+    if not all(type(n) is int and n >= 0 for n in v):
+        return "should be iterations: integers >= 0, as (0, 100, 400)"
+
+
+MODEL_HELP = dict(
+    block_size="the training length (and the size of a learned position table)", n_layer="layers",
+    n_head="attention heads", n_embd="the residual width", dropout="dropout probability",
+    pos_emb="learned, sinusoidal, rope, alibi or none (NoPE)", rope_base="RoPE's base (theta)",
+    rope_layout="half (GPT-NeoX, HF Llama) or interleaved (GPT-J, Meta Llama) channel pairs",
+    rope_scaling="a Hugging Face rope_scaling dict trained with, e.g. {'rope_type': 'yarn', 'factor': 4.0}",
+    rope_fraction="p-RoPE: the share of pairs that rotate (None: every pair)",
+    nope_every="iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions",
+    rope_window="RNoPE-SWA: the RoPE layers attend only to their last rope_window positions",
+    ssmax="Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head",
+    norm="layernorm or rmsnorm (Llama)", norm_eps="the norms' epsilon",
+    biases="biases on every linear layer and LayerNorm (GPT-NeoX)", qkv_bias="biases on q, k and v only "
+                                                                             "(Qwen2)",
+    mlp="gelu or swiglu (Llama: down(silu(gate(x)) * up(x)))", mlp_hidden="the MLP's hidden width (None: 4 * "
+                                                                          "n_embd)",
+    n_kv_head="grouped-query attention: heads of keys and values (None: n_head)",
+    parallel_residual="GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))",
+    tie_embeddings="the output layer is the token embedding (GPT-2, small Llamas)")
+
+# every config key: (default, help, check); a check returns what is wrong with a value, or None. Numbers must
+# also be finite and >= 0; the type is the default's (None: any; a model key's is checked by check_model)
+KEYS = dict(
+    out_dir=("out/default", "the run's folder (ckpt.pt, log.jsonl); its name is the wandb run's",
+             lambda v: None if v.strip() else "is empty: name the run's folder, e.g. out/my_run"),
+    init_from=("scratch", "scratch, resume (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune"),
+    overwrite=(False, "True: a new run replaces the one in out_dir (else that is an error)"),
+    eval_interval=(250, "iterations between evaluations (and checkpoints)", at_least(1)),
+    eval_iters=(20, "batches per evaluation", at_least(1)),
+    log_interval=(25, "iterations between progress lines", at_least(1)),
+    keep_iters=((), "iterations whose checkpoint is also kept, in out_dir/iter_<n>/ (a run of its own)",
+                iterations),
+    wandb_log=(True, "log to wandb (offline if no login)"), wandb_project=("ropelab", "the wandb project"),
+    wandb_run_name=("", "the wandb run's name (default: out_dir's)"), wandb_group=("", "the wandb group"),
+    dataset=("shakespeare", "data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a "
+                            "folder"),
+    batch_size=(16, "rows per micro step, per process", at_least(1)),
+    gradient_accumulation_steps=(1, "micro steps per iteration, per process", at_least(1)),
+    retrieval_mix=(0.0, "the share of each batch's rows replaced by retrieval rows (data/synthetic.py)",
+                   lambda v: None if v <= 1 else "is a fraction of each batch: use 0..1"),
+    retrieval_segment=(32, "the retrieval rows' segment length", at_least(1)),
+    retrieval_vocab=(0, "the ids retrieval rows draw from (0: all)"),
+    retrieval_task=("copy", "copy, or mqar (retrieval_segment // 2 key-value pairs recalled)",
+                    one_of("copy", "mqar")),
+    **{f.name: (f.default, MODEL_HELP[f.name]) for f in fields(GPTConfig) if f.name in MODEL_KEYS},
+    learning_rate=(2e-3, "AdamW's peak learning rate"),
+    max_iters=(1500, "training iterations", at_least(1)), weight_decay=(0.1, "AdamW's weight decay"),
+    beta1=(0.9, "AdamW's beta1", below_one("beta1")), beta2=(0.95, "AdamW's beta2", below_one("beta2")),
+    grad_clip=(1.0, "the gradient norm's clip (0: none)"),
+    warmup_iters=(100, "linear warmup iterations"),
+    lr_decay_iters=(0, "where the cosine decay to min_lr ends (0: max_iters)"),
+    min_lr=(2e-4, "the learning rate the decay ends at"),
+    device=("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"),
+    dtype=("auto", "auto (bfloat16 on CUDA if supported, else float32), float32, bfloat16 or float16",
+           one_of("auto", "float32", "bfloat16", "float16")),
+    compile=(False, "torch.compile the model"),
+    seed=(1337, "the data order and the initial weights; process k of a DDP run uses seed + k"),
 )
-FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # what a fine-tune may change; other model keys must match
-DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from pos_emb rope to none (DroPE): the rotation's
-CHOICES = dict(dtype=("auto", "float32", "bfloat16", "float16"), retrieval_task=("copy", "mqar"))
-BELOW_ONE = ("beta1", "beta2")  # AdamW's betas: a decay rate of 1 or more never forgets
-POSITIVE = ("max_iters", "batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "retrieval_segment")
+DEFAULTS = {key: entry[0] for key, entry in KEYS.items()}
+# what a fine-tune may change; other model keys must match
+FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")
+# and from rope to none (DroPE): the rotation's
+DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")
 
 
 # ----------------------------------------------------------------------------- config
 
 def set_key(config, key, value, source):
-    if key not in DEFAULTS:
+    if key not in KEYS:
         raise UserError(f"unknown config key {key!r} (from {source}); the keys are "
-                         "DEFAULTS in config.py and GPTConfig's fields in model.py")
-    default = DEFAULTS[key]
-    if key == "keep_iters" and isinstance(value, (list, tuple)):
-        if not all(type(n) is int and n >= 0 for n in value):
-            raise UserError(f"keep_iters={value!r} (from {source}) should be iterations: integers >= 0, as (0, 100, 400)")
-        value = tuple(sorted(set(value)))
-    if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)):
-        raise UserError(f"{key}={value!r} (from {source}) should be a {type(default).__name__}")
-    if type(default) in (int, float) and not math.isfinite(value):  # inf passes `>= 0`, then trains to NaN
-        raise UserError(f"{key}={value!r} (from {source}) is not a finite number")
-    if type(default) in (int, float) and not value >= (1 if key in POSITIVE else 0):  # `not >=` also catches nan
-        raise UserError(f"{key}={value!r} (from {source}) must be >= {1 if key in POSITIVE else 0}")
-    if key in BELOW_ONE and not value < 1:
-        raise UserError(f"{key}={value!r} (from {source}) is one of AdamW's betas: use 0 <= {key} < 1")
-    if key == "out_dir" and not value.strip():
-        raise UserError(f"out_dir={value!r} (from {source}) is empty: name the run's folder, e.g. out/my_run")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise UserError(f"{key}={value!r} (from {source}) is not one of: {', '.join(CHOICES[key])}")
-    if key == "retrieval_mix" and value > 1:
-        raise UserError(f"retrieval_mix={value!r} (from {source}) is a fraction of each batch: use 0..1")
+                        "DEFAULTS in config.py and GPTConfig's fields in model.py")
+    default, _, *check = KEYS[key]
+    numeric = type(default) in (int, float)
+    if not (default is None or type(value) is type(default) or (type(default) is float and type(value) is int)
+            or (type(default) is tuple and type(value) is list)):
+        wrong = f"should be a {type(default).__name__}"
+    elif numeric and not math.isfinite(value):  # inf passes `>= 0`, then trains to NaN
+        wrong = "is not a finite number"
+    else:
+        wrong = (check[0](value) if check else None) or (numeric and value < 0 and "must be >= 0")
+    if wrong:
+        raise UserError(f"{key}={value!r} (from {source}) {wrong}")
     config[key] = float(value) if type(default) is float else value
+    if key == "keep_iters":
+        config[key] = tuple(sorted(set(value)))
 
 
 def load_config(argv):
@@ -97,19 +151,25 @@ def load_config(argv):
         raise UserError("overwrite=True replaces the run in out_dir, init_from='resume' continues it: "
                         "give one of them")
     if late := [n for n in config["keep_iters"] if n > config["max_iters"]]:
-        raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up to max_iters")
+        raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up "
+                        "to max_iters")
     model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
     if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
-        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: the schedule "
+        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: "
+                        "the schedule "
                         "decays from learning_rate to min_lr; use min_lr <= learning_rate")
-    if config["rope_scaling"] is not None and config["pos_emb"] != "rope":  # it would train and be stored, doing nothing
-        raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: only a RoPE model "
+    # it would train and be stored, doing nothing
+    if config["rope_scaling"] is not None and config["pos_emb"] != "rope":
+        raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: "
+                        "only a RoPE model "
                         "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
     if config["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
-        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size >= {MIN_BLOCK_SIZE}")
+        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size "
+                        f">= {MIN_BLOCK_SIZE}")
     if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
+        most = (config["block_size"] + 1) // 2
         raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
-                         f"{config['block_size']}; use retrieval_segment <= {(config['block_size'] + 1) // 2}")
+                        f"{config['block_size']}; use retrieval_segment <= {most}")
     return config
 
 
@@ -123,8 +183,8 @@ def check_schedule(config):
 
 
 def key_help():
-    """Every config key with its default, one a line (train.py --help)."""
-    return "\n".join(f"  --{key}={value!r}" for key, value in DEFAULTS.items())
+    """Every config key with its default and help, one a line (train.py --help)."""
+    return "\n".join(f"  --{key}={entry[0]!r}  {entry[1]}" for key, entry in KEYS.items())
 
 
 def model_config(config, vocab_size, train_len=None):
@@ -134,29 +194,28 @@ def model_config(config, vocab_size, train_len=None):
 # ----------------------------------------------------------------------------- model keys and rope_scaling
 
 def gpt_config(args):
-    """GPTConfig(**args) once its keys are checked (a config, a checkpoint's model_args): a bad one is a UserError."""
+    """GPTConfig(**args) once its keys are checked (a config, a checkpoint's model_args): a bad one is a
+    UserError."""
     config = GPTConfig(**args)
     check_model(config)
     return config
 
 
 def check_model(c):
-    head_dim = c.n_embd // max(c.n_head, 1)
-    small = [f"{k}={getattr(c, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd") if getattr(c, k) < 1]
+    sizes = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
+    small = [f"{k}={getattr(c, k)!r}" for k in sizes if getattr(c, k) < 1]
     if small:
         raise UserError(f"{', '.join(small)}: model sizes must be >= 1")
+    head_dim = c.head_dim
     if not 0 <= c.dropout < 1:
         raise UserError(f"dropout={c.dropout!r} is not allowed; use 0 <= dropout < 1")
     if not c.rope_base > 1:
         raise UserError(f"rope_base={c.rope_base!r} is not allowed; use a base > 1")
-    for key, allowed in (("pos_emb", POS_EMBS), ("rope_layout", LAYOUTS)):
+    for key, allowed in (("pos_emb", POS_EMBS), ("rope_layout", LAYOUTS), ("norm", NORMS), ("mlp", MLPS)):
         if getattr(c, key) not in allowed:
             raise UserError(f"unknown {key} {getattr(c, key)!r}; allowed: {', '.join(allowed)}")
     if c.n_embd % c.n_head:
         raise UserError(f"n_embd={c.n_embd} is not divisible by n_head={c.n_head}")
-    for key, allowed in (("norm", NORMS), ("mlp", MLPS)):
-        if getattr(c, key) not in allowed:
-            raise UserError(f"unknown {key} {getattr(c, key)!r}; allowed: {', '.join(allowed)}")
     if not (is_number(c.norm_eps) and c.norm_eps > 0):
         raise UserError(f"norm_eps must be a number > 0, got {c.norm_eps!r}")
     if c.mlp_hidden is not None and (type(c.mlp_hidden) is not int or c.mlp_hidden < 1):
@@ -167,24 +226,28 @@ def check_model(c):
     if c.pos_emb == "rope" and head_dim % 2:
         raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {head_dim}")
     if c.pos_emb == "alibi" and c.rope_scaling is not None:
-        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to scale")
+        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to "
+                        "scale")
     if c.rope_fraction is not None and c.pos_emb != "rope":
-        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not {c.pos_emb!r}")
+        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not "
+                        f"{c.pos_emb!r}")
     for key in ("nope_every", "rope_window"):
         if (value := getattr(c, key)) is not None and (type(value) is not int or value < 1):
             raise UserError(f"{key} must be an integer >= 1 (or None), got {value!r}")
         if value is not None and c.pos_emb != "rope":
             raise UserError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
                             f"pos_emb='rope', not {c.pos_emb!r}")
-    if c.pos_emb == "rope" and c.rope_fraction is not None:  # p-RoPE: a share of the pairs that rotates at least one
+    # p-RoPE: a share of the pairs that rotates at least one
+    if c.pos_emb == "rope" and c.rope_fraction is not None:
         if not (is_number(c.rope_fraction) and 0 < c.rope_fraction <= 1):
-            raise UserError(f"rope_fraction must be a number in (0, 1] (or None: every pair rotates), got {c.rope_fraction!r}")
+            raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), got "
+                            f"{c.rope_fraction!r}")
         if round(c.rope_fraction * (head_dim // 2)) < 1:
-            raise UserError(f"rope_fraction={c.rope_fraction!r} rotates round({c.rope_fraction!r} * {head_dim // 2}) = 0 of "
-                            f"the {head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or pos_emb='none')")
-    if not isinstance(c.rope_scaling, (dict, type(None))):
-        raise UserError(f"rope_scaling must be a dict or None, got {c.rope_scaling!r}; e.g. {EXAMPLE}")
-    check_scaling(complete_scaling(None, c.rope_scaling, c.block_size), head_dim)
+            raise UserError(f"rope_fraction={c.rope_fraction!r} rotates round({c.rope_fraction!r} * "
+                            f"{head_dim // 2}) = 0 of "
+                            f"the {head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or "
+                            "pos_emb='none')")
+    check_scaling(c.rope_scaling, head_dim, c.block_size)
 
 
 def is_number(x):
@@ -195,13 +258,15 @@ def is_number(x):
 EXAMPLE = {"rope_type": "yarn", "factor": 4.0, ORIGINAL: 256}
 
 
-def check_scaling(scaling, head_dim=None):
-    """Check a rope_scaling dict where it comes in (a config, a command's options); returns (rope_type, factor). With
-    head_dim also the rotary dimension and longrope's lists. A UserError names what is wrong."""
+def check_scaling(scaling, head_dim=None, block_size=None):
+    """Check a rope_scaling dict where it comes in (a config, a command's options); returns (rope_type,
+    factor). With head_dim also the rotary dimension and longrope's lists. A UserError names what is wrong."""
     if scaling is None:
         return "default", 1.0
     if not isinstance(scaling, dict):
         raise UserError(f"rope_scaling must be a dict or None, got {scaling!r}; e.g. {EXAMPLE}")
+    if block_size:  # a model's: its original length defaults to its block_size
+        scaling = complete_scaling(None, scaling, block_size)
     rope_type = scaling_type(scaling)
     if rope_type not in ROPE_TYPES:
         raise UserError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
@@ -214,36 +279,45 @@ def check_scaling(scaling, head_dim=None):
         raise UserError(f"rope_type {rope_type!r} needs 'factor'")  # transformers: a missing required key
     factor = get("factor", 1.0)
     if not is_number(factor) or not 1 <= factor <= MAX_FACTOR:  # past MAX_FACTOR the math overflows
-        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}" + f"; at most {MAX_FACTOR:g}" * (factor != 1))
+        most = f"; at most {MAX_FACTOR:g}" if factor != 1 else ""
+        raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}{most}")
     if (theta := get("rope_theta")) is not None and not (is_number(theta) and theta > 1):
         raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
-    for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):  # None: transformers' default
-        value, low = get(key), ">=" if key.startswith("mscale") else ">"  # beta: its log is taken; mscale < 0 flips logits
+    # None: transformers' default
+    for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        # beta: its log is taken; mscale < 0 flips logits
+        value, low = get(key), ">=" if key.startswith("mscale") else ">"
         if value is not None and not (is_number(value) and (value >= 0 if low == ">=" else value > 0)):
             raise UserError(f"{key} must be a number {low} 0, got {value!r}")
-    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):  # YaRN's ramp: whole pairs or exact
+    # YaRN's ramp: whole pairs or exact
+    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):
         raise UserError(f"truncate must be True or False, got {truncate!r}")
     original = get(ORIGINAL)
     if ORIGINAL in kind.required and original is None:
         raise UserError(f"rope_type {rope_type!r} needs '{ORIGINAL}' (the training length)")
-    if original is not None and (isinstance(original, bool) or not isinstance(original, numbers.Integral) or original < 1):
+    integral = isinstance(original, numbers.Integral) and not isinstance(original, bool)
+    if original is not None and not (integral and original >= 1):
         raise UserError(f"{ORIGINAL} must be an integer >= 1 (the training length), got {original!r}")
     low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)
-    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: equal
+    # Llama 4: equal
+    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):
         raise UserError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
     if rope_type == "longrope" and "factor" not in scaling and get("attention_factor") is None:
-        raise UserError(f"longrope needs 'factor' (its attention factor's s: config.json's max_position_embeddings / "
+        raise UserError("longrope needs 'factor' (its attention factor's s: config.json's "
+                        "max_position_embeddings / "
                         f"{ORIGINAL}) or 'attention_factor'")
     partial = get("partial_rotary_factor", 1.0)
     if not (is_number(partial) and 0 < partial <= 1):
         raise UserError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
     dim = int(head_dim * partial) if head_dim else None
     if dim is not None and not kind.whole_head and (dim < 2 or dim % 2):
-        raise UserError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, odd or 0")
+        raise UserError(f"partial_rotary_factor={partial!r}: rotary dim int({head_dim} * p) = {dim}, "
+                        "odd or 0")
     for key in ("short_factor", "long_factor") if rope_type == "longrope" else ():
         values, n = get(key), dim // 2 if dim else "rotary dim / 2"
         if not (isinstance(values, (list, tuple)) and all(is_number(v) and v > 0 for v in values)
                 and len(values) == (n if dim else len(values))):
-            raise UserError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got {str(values)[:50]}")
+            raise UserError(f"longrope's {key} must be a list of {n} numbers > 0 (one a pair), got "
+                            f"{str(values)[:50]}")
     return rope_type, float(factor)

@@ -1,9 +1,7 @@
 """
-A small GPT (decoder-only transformer) with a choice of position encoding:
-learned (GPT-2), sinusoidal (Vaswani et al.), rope (Su et al.; p-RoPE with rope_fraction < 1,
-Barbero et al. 2024; NoPE layers interleaved and local RoPE layers, iRoPE / RNoPE-SWA), alibi (Press et al.
-2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025).
-nanoGPT's model, plus RoPE scaling at inference and a KV cache for generation.
+nanoGPT's model with a choice of position encoding: learned (GPT-2), sinusoidal (Vaswani et al.), rope
+(Su et al.; p-RoPE, Barbero et al. 2024; iRoPE / RNoPE-SWA's NoPE and local RoPE layers), alibi (Press et
+al. 2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025). Positions: positions.py.
 """
 import math
 from dataclasses import dataclass
@@ -13,7 +11,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from positions import AS_TRAINED, Attend, forward_positions, sinusoidal_embedding
-from rope import complete_scaling, scaling_type
 
 POS_EMBS = ("learned", "sinusoidal", "rope", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -21,8 +18,8 @@ MLPS = ("gelu", "swiglu")
 
 
 @dataclass
-class GPTConfig:
-    block_size: int = 256  # training context length (and the size of a learned position table)
+class GPTConfig:  # each field's meaning: config.py's KEYS (train.py --help)
+    block_size: int = 256  # the training length
     vocab_size: int = 50257
     n_layer: int = 4
     n_head: int = 4
@@ -31,40 +28,33 @@ class GPTConfig:
     pos_emb: str = "rope"
     rope_base: float = 10000.0
     rope_layout: str = "half"
-    rope_scaling: dict | None = None  # Hugging Face style, e.g. {"rope_type": "yarn", "factor": 4.0}
-    rope_fraction: float | None = None  # p-RoPE: the share of pairs that rotate (None: every pair)
-    nope_every: int | None = None  # iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions
-    rope_window: int | None = None  # RNoPE-SWA: the RoPE layers attend only to their last rope_window positions
-    ssmax: bool = False  # Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head
-    train_len: int | None = None  # the original training length the methods scale from: block_size, or a fine-tune's first run's
+    rope_scaling: dict | None = None
+    rope_fraction: float | None = None
+    nope_every: int | None = None
+    rope_window: int | None = None
+    ssmax: bool = False
+    train_len: int | None = None  # the length methods scale from: block_size, or a fine-tune's first run's
     # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
-    norm: str = "layernorm"  # or "rmsnorm" (Llama)
+    norm: str = "layernorm"
     norm_eps: float = 1e-5
-    biases: bool = False  # biases on every linear layer and LayerNorm (GPT-NeoX)
-    qkv_bias: bool = False  # biases on the q, k and v projections only (Qwen2)
-    mlp: str = "gelu"  # or "swiglu" (Llama: down(silu(gate(x)) * up(x)))
-    mlp_hidden: int | None = None  # the MLP's hidden width (None: 4 * n_embd)
-    n_kv_head: int | None = None  # grouped-query attention: heads of keys and values (None: n_head)
-    parallel_residual: bool = False  # GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))
-    tie_embeddings: bool = True  # the output layer is the token embedding (GPT-2, small Llamas)
+    biases: bool = False
+    qkv_bias: bool = False
+    mlp: str = "gelu"
+    mlp_hidden: int | None = None
+    n_kv_head: int | None = None
+    parallel_residual: bool = False
+    tie_embeddings: bool = True
 
     def __post_init__(self):  # the user's values are checked where they come in (config.gpt_config), not here
         self.train_len = self.train_len or self.block_size
 
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
 
-class KVCache:
-    """Per-layer keys and values so far, keys *before* rotation: every step re-rotates them with the frequencies
-    for the current length, exact for dynamic NTK."""
-
-    def __init__(self, n_layer):
-        self.kv, self.length = [None] * n_layer, 0  # length: tokens already in the cache
-
-    def update(self, layer, k, v):
-        if self.kv[layer] is not None:
-            k = torch.cat((self.kv[layer][0], k), dim=2)
-            v = torch.cat((self.kv[layer][1], v), dim=2)
-        self.kv[layer] = (k, v)
-        return k, v
+    @property
+    def rotary_dim(self):  # transformers' partial_rotary_factor p: int(p * head_dim) channels rotate
+        return int(self.head_dim * (self.rope_scaling or {}).get("partial_rotary_factor", 1.0))
 
 
 class CausalSelfAttention(nn.Module):
@@ -72,8 +62,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
         self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
-        self.n_kv_head, self.head_dim = config.n_kv_head or config.n_head, config.n_embd // config.n_head
-        self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0  # a NoPE layer of a RoPE model
+        self.n_kv_head, self.head_dim = config.n_kv_head or config.n_head, config.head_dim
+        # a NoPE layer of a RoPE model
+        self.nope = bool(config.nope_every) and (layer + 1) % config.nope_every == 0
         # SSMax's s_h starts at 1 / log L: s_h * log n is then 1 at the training length, plain softmax there
         s = torch.full((config.n_head,), 1 / math.log(max(2, config.block_size)))
         self.ssmax = nn.Parameter(s) if config.ssmax else None
@@ -88,7 +79,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         qkv = self.c_attn(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, heads, T, head_dim)
         q, k, v = qkv.split((self.n_head, self.n_kv_head, self.n_kv_head), dim=1)
-        if cache is not None:  # keys are cached before rotation: dynamic scaling changes their angles as it grows
+        # keys are cached before rotation: dynamic scaling changes their angles as it grows
+        if cache is not None:
             k, v = cache.update(self.layer, k, v)
         if self.n_kv_head != self.n_head:  # grouped-query attention: query head h reads k/v head h // group
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
@@ -155,7 +147,9 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer); the order of the draws
         # fixes the weights a seed gives
-        self.apply(lambda m: torch.nn.init.normal_(m.weight, std=0.02) if isinstance(m, (nn.Linear, nn.Embedding)) else None)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                torch.nn.init.normal_(m.weight, std=0.02)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -164,8 +158,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
-        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last positions only.
-        cache: a KVCache, continued in place. method: how positions are treated in this call (Method)."""
+        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last
+        positions only. cache: a KVCache, continued in place. method: how positions are treated in this call
+        (PositionArgs)."""
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -173,11 +168,12 @@ class GPT(nn.Module):
         if self.config.pos_emb == "sinusoidal":
             # Vaswani et al. scale token embeddings by sqrt(d): the unit-amplitude table would otherwise
             # drown GPT-2-initialised (std 0.02) embeddings
-            x = x * math.sqrt(self.config.n_embd) + sinusoidal_embedding(positions, self.config.n_embd).to(x.dtype)
+            table = sinusoidal_embedding(positions, self.config.n_embd).to(x.dtype)
+            x = x * math.sqrt(self.config.n_embd) + table
         elif self.config.pos_emb == "learned":
             if start + T > self.config.block_size:
-                raise ValueError(f"learned position table has {self.config.block_size} entries; "
-                                 f"cannot encode position {start + T - 1} (a learned model cannot extrapolate)")
+                raise ValueError(f"learned position table has {self.config.block_size} entries; cannot "
+                                 f"encode position {start + T - 1} (a learned model cannot extrapolate)")
             x = x + self.transformer.wpe(positions)
         # one Positions per kind of layer: the NoPE layers of a RoPE model (iRoPE, RNoPE-SWA) get no rotation
         kinds = {block.attn.nope for block in self.transformer.h}
@@ -190,7 +186,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x[:, -last:] if last else x))  # last: what a scorer reads
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         # decay matrices (and embeddings), not norms: as nanoGPT
@@ -203,42 +200,3 @@ class GPT(nn.Module):
         # PaLM appendix B: 6N for the matmuls plus 12 * L * d * T for attention, forward + backward
         cfg = self.config
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * seq_len
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, method=AS_TRAINED):
-        """Sample max_new_tokens after idx [B, T], every step with the same Method (past block_size the encoding
-        extrapolates): through a KV cache, except under crop, where each token comes from its last `crop` tokens at
-        positions 0 .. crop - 1 (nanoGPT's sampling). on_token(ids [B, 1]) sees each step's tokens as they come."""
-        cache = None if method.crop else KVCache(self.config.n_layer)
-        if cache is None:
-            logits, _ = self(method.cropped(idx))
-        else:
-            logits, _ = self(idx[:, :self.exact_prefill(idx.size(1), method.rope_scaling)], cache=cache, method=method)
-            for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
-                logits, _ = self(idx[:, t:t + 1], cache=cache, method=method)
-        for _ in range(max_new_tokens):
-            idx_next = sample_next(logits[:, -1, :], temperature, top_k)
-            idx = torch.cat((idx, idx_next), dim=1)
-            if on_token:
-                on_token(idx_next)
-            logits, _ = self(method.cropped(idx)) if cache is None else self(idx_next, cache=cache, method=method)
-        return idx
-
-    def exact_prefill(self, T, rope_scaling):
-        """How many of T prompt tokens one forward can take exactly. All of them unless the scaling is dynamic:
-        its frequencies follow the length of the forward, so past the original length one forward would give
-        every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
-        cfg, rope = self.config, self.config.pos_emb == "rope"
-        scaling = complete_scaling(rope_scaling, cfg.rope_scaling, cfg.block_size) if rope else None
-        if scaling_type(scaling) == "dynamic":
-            return min(T, scaling["original_max_position_embeddings"])
-        return T
-
-
-def sample_next(logits, temperature=1.0, top_k=None):
-    """One token id per row [B, 1] from logits [B, vocab]: divided by the temperature, cut to the top_k."""
-    logits = logits.float() / max(temperature, 1e-8)
-    if top_k is not None:
-        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-        logits[logits < v[:, [-1]]] = -float("inf")
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)

@@ -1,8 +1,8 @@
-"""How positions enter attention. eval/methods.py turns a method's name into a Method; forward_positions turns
-it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention` applies
-one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations merged
-(ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding added to
-the input."""
+"""How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions
+turns it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention`
+applies one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations
+merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding
+added to the input."""
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -12,14 +12,14 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from rope import ROPE_TYPES, apply_rope, causal_dynamic_frequencies, rope_cos_sin, rope_tables, scaling_type
+from rope import ROPE_TYPES, apply_rope, rope_tables, scaling_type
 
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
 MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score (sinks')
 
 
 @dataclass(frozen=True)
-class Method:
+class PositionArgs:
     """How one call (GPT.forward, generate, the scorers) treats positions; eval/methods.py builds one per
     method. rope_scaling, causal_dynamic and extend act on the RoPE layers only, window on every layer."""
     rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
@@ -41,7 +41,7 @@ class Method:
         return {k: v for k, v in asdict(self).items() if v}
 
 
-AS_TRAINED = Method()
+AS_TRAINED = PositionArgs()
 
 
 # ----------------------------------------------------------------------------- encodings, masks and biases
@@ -124,27 +124,6 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     return torch.cat(out, dim=2)
 
 
-def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
-    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with
-    inv_freq[t], the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
-    B, H, T, D = q.shape
-    pos = torch.arange(T, device=q.device)
-    chunk = max(1, (1 << 22) // (B * H * T * D))
-    out = []
-    # last chunk first: the re-rotated keys then shrink from chunk to chunk and the allocator reuses the
-    # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)
-    for s in reversed(range(0, T, chunk)):
-        e = min(s + chunk, T)
-        cos, sin = rope_cos_sin(inv_freq[s:e], pos[:e], attention_factor, layout)  # (C, e, D): one per query
-        keys = apply_rope(k[:, :, None, :e], cos, sin, layout)  # (B, H, C, e, D)
-        own = (torch.arange(e - s, device=q.device), pos[s:e])  # each query's own position in its table
-        query = apply_rope(q[:, :, s:e], cos[own], sin[own], layout)  # (B, H, C, D)
-        att = torch.einsum("bhcd,bhced->bhce", query, keys) / math.sqrt(D)
-        att = att.masked_fill(~mask[s:e, :e], float("-inf")).softmax(dim=-1)
-        out.append(att.to(v.dtype) @ v[:, :, :e])
-    return torch.cat(out[::-1], dim=2)
-
-
 # ----------------------------------------------------------------------------- one forward's positions
 
 class Rotation(NamedTuple):
@@ -194,7 +173,8 @@ def attention(q, k, v, pos, ssmax=None, dropout=0.0):
     """softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k and v [B, H, Tk, D] (the queries the
     last T of Tk positions), rotated, scaled and masked as `pos` says; ssmax: SSMax's s_h [H] or None."""
     scales = pos.scales(ssmax)
-    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
+    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself (opt-in, so apart)
+        from causal_dynamic import causal_dynamic_attention
         freq, attention_factor = pos.dynamic_freq, pos.dynamic_attention
         return causal_dynamic_attention(scaled(q, scales), k, v, freq, attention_factor, pos.mask, pos.layout)
     if pos.far is not None:  # the same q and k rotated at their own positions near, at the far pairs' beyond
@@ -243,8 +223,11 @@ def cached_tables(method, config, n, device, cache):
     if key not in cache or cache[key][0] < n:
         if len(cache) >= 64:  # many lengths of a dynamic scaling (generation): start again
             cache.clear()
-        cache[key] = n, (causal_dynamic_frequencies(config, scaling, n, device) if dynamic
-                         else rope_tables(config, scaling, n, torch.arange(n, device=device)))
+        if dynamic:
+            from causal_dynamic import causal_dynamic_frequencies
+            cache[key] = n, causal_dynamic_frequencies(config, scaling, n, device)
+        else:
+            cache[key] = n, rope_tables(config, scaling, n, torch.arange(n, device=device))
     tables = cache[key][1]
     return tables if dynamic else (tables[0][:n], tables[1][:n])
 
@@ -280,18 +263,18 @@ def layer_positions(method, tables, start, T, config, device):
         mask = visible(T, Tk, window, device, sinks)
     else:  # SDPA's causal flag does it
         mask = None
-    common = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
+    base = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
                        seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
     if not rope:
-        return common
+        return base
     if dynamic:
-        return common._replace(dynamic_freq=tables[0], dynamic_attention=tables[1])
+        return base._replace(dynamic_freq=tables[0], dynamic_attention=tables[1])
     cos, sin = tables
-    common = common._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
+    base = base._replace(rotation=Rotation(cos[start:], sin[start:], cos, sin))
     if method.extend:
         far = far_rotation(method, config, cos, sin, start, T, device)
-        return common._replace(far=far, far_window=method.extend[0])
+        return base._replace(far=far, far_window=method.extend[0])
     if sinks:
         at = cache_positions(T, Tk, window, device)
-        return common._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
-    return common
+        return base._replace(sinks=sinks, sink_cos=cos[at], sink_sin=sin[at])
+    return base

@@ -225,7 +225,7 @@ def heads(t, n_head, order):
 
 def neox_layer(w, p, c, order):
     """One GPT-NeoX layer. query_key_value's rows are grouped (head, [q, k, v], head_dim): made [q; k; v]."""
-    C, H, hd, inner = c.n_embd, c.n_head, c.n_embd // c.n_head, c.mlp_hidden
+    C, H, hd, inner = c.n_embd, c.n_head, c.head_dim, c.mlp_hidden
 
     def qkv(t):  # [3C, ...] -> [3C, ...]
         q, k, v = (x.reshape(C, *t.shape[1:]) for x in t.view(H, 3, hd, *t.shape[1:]).unbind(1))
@@ -245,7 +245,7 @@ def neox_layer(w, p, c, order):
 
 def llama_layer(w, p, c, order):
     """One Llama / Qwen2 / Mistral layer: q, k and v stacked into c_attn, gate and up into c_fc."""
-    C, H, KV, hd, inner = c.n_embd, c.n_head, c.n_kv_head, c.n_embd // c.n_head, c.mlp_hidden
+    C, H, KV, hd, inner = c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.mlp_hidden
     a, m = p + "self_attn.", p + "mlp."
 
     def qkv(kind, *dims):  # "weight" with dims (C,), "bias" with none
@@ -265,7 +265,7 @@ def llama_layer(w, p, c, order):
 
 def state_dict(tensors, family, c, folder):
     """The GPT's state dict (parameter name -> tensor in the file's dtype) from the folder's tensors."""
-    w, order = Weights(tensors, folder), rotary_order(c.n_embd // c.n_head, c.rope_scaling)
+    w, order = Weights(tensors, folder), rotary_order(c.head_dim, c.rope_scaling)
     neox = family == "gpt_neox"
     top, layer = ("gpt_neox.", neox_layer) if neox else ("model.", llama_layer)
     embedding = top + ("embed_in.weight" if neox else "embed_tokens.weight")

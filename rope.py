@@ -1,12 +1,10 @@
 """Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
-Scaling is a Hugging Face style dict (`rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type":
-"yarn", "factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics; ROPE_TYPES
-holds each type's function and keys (config.check_scaling refuses any other key: transformers only warns).
-"partial_rotary_factor" p rotates the rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at
-frequency 0 (`interleaved`: the first d' channels, as GPT-J; `half`: [0, d'/2) and [d/2, d/2 + d'/2)). The
-attention factor multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen
-et al. 2023), NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1
-(Meta 2024), p-RoPE (Barbero et al. 2024, "Round and Round We Go!"), Gemma 4's proportional."""
+Scaling is a Hugging Face style dict (`rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type": "yarn",
+"factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics. "partial_rotary_factor"
+p rotates the rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at frequency 0. The attention
+factor multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen et al. 2023),
+NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE
+(Barbero et al. 2024), Gemma 4's proportional."""
 import math
 from typing import Callable, NamedTuple
 
@@ -29,19 +27,21 @@ def linear_inv_freq(dim, base, factor):
 
 
 def ntk_inv_freq(dim, base, factor):
-    # NTK-aware: stretch the base so the lowest frequency is interpolated by `factor`, the highest (almost) kept
+    # NTK-aware: stretch the base so the lowest frequency is interpolated by `factor`, the highest (almost)
+    # kept
     return default_inv_freq(dim, base * factor ** (dim / (dim - 2)))
 
 
 def dynamic_inv_freq(dim, base, factor, original_len, seq_len):
-    # Dynamic NTK as in transformers: `factor` is an extra NTK multiplier a (1: plain), the scale follows the length
+    # Dynamic NTK as in transformers: `factor` is an extra NTK multiplier a (1: plain); the scale follows the
+    # length
     if seq_len is None or seq_len <= original_len:
         return default_inv_freq(dim, base)
     scale = factor * seq_len / original_len - (factor - 1)
     return default_inv_freq(dim, base * scale ** (dim / (dim - 2)))
 
 
-def yarn_correction_dim(num_rotations, dim, base, original_len):  # the pair turning num_rotations times over L
+def yarn_correction_dim(num_rotations, dim, base, original_len):  # the pair turning num_rotations times in L
     return dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
@@ -51,7 +51,7 @@ def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0
     # linear ramp in the pair index between them (as the YaRN authors' code and transformers do).
     low = yarn_correction_dim(beta_fast, dim, base, original_len)
     high = yarn_correction_dim(beta_slow, dim, base, original_len)
-    if truncate:  # widen the ramp to whole pairs (default); transformers' "truncate": False keeps exact bounds
+    if truncate:  # the ramp widened to whole pairs (default); "truncate": False keeps exact bounds
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
@@ -62,15 +62,16 @@ def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0
 
 
 def yarn_attention_factor(factor, mscale=None, mscale_all_dim=None):
-    # YaRN's sqrt(1/t) = 0.1 m ln(s) + 1 (m = 1 in the paper). As transformers: both m's given (DeepSeek-V2/V3), their
-    # ratio (1 when equal: DeepSeek's attention scales its softmax by the denominator^2 itself); one alone is ignored
+    # YaRN's sqrt(1/t) = 0.1 m ln(s) + 1 (m = 1 in the paper). As transformers: both m's given
+    # (DeepSeek-V2/V3), their ratio (1 when equal: DeepSeek scales its softmax by the denominator^2 itself);
+    # one alone is ignored
     def temperature(m):
         return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return temperature(mscale) / temperature(mscale_all_dim) if mscale and mscale_all_dim else temperature(1.0)
+    return temperature(mscale) / temperature(mscale_all_dim) if mscale and mscale_all_dim else temperature(1)
 
 
 def longrope_inv_freq(dim, base, short_factor, long_factor, original_len, seq_len):
-    # LongRoPE (Phi-3): a searched interpolation factor per pair, the short set up to the original length and the
+    # LongRoPE (Phi-3): a searched interpolation factor per pair, the short set up to the original length, the
     # long set past it (transformers switches on the length of the forward, as `dynamic` does)
     factors = long_factor if seq_len and seq_len > original_len else short_factor
     return default_inv_freq(dim, base) / torch.tensor(factors, dtype=torch.float64)
@@ -95,49 +96,48 @@ def factor_of(scaling):
 
 
 def longrope(dim, base, scaling, seq_len):
-    # temperature sqrt(1 + ln s / ln L), s: "factor" (transformers' else: max_pos / L); an explicit one wins
+    # temperature sqrt(1 + ln s / ln L), s: "factor"; an explicit attention_factor wins
     s, original_len = factor_of(scaling), scaling[ORIGINAL]
     temperature = math.sqrt(1 + math.log(s) / math.log(original_len)) if s > 1 else 1.0
-    return (longrope_inv_freq(dim, base, scaling["short_factor"], scaling["long_factor"], original_len, seq_len),
+    short, long = scaling["short_factor"], scaling["long_factor"]
+    return (longrope_inv_freq(dim, base, short, long, original_len, seq_len),
             scaling.get("attention_factor") or temperature)
 
 
 def yarn(dim, base, scaling, seq_len):
-    # "attention_factor": 1.0 makes it NTK-by-parts (no temperature); a missing one falls back to YaRN's temperature
-    s = factor_of(scaling)
-    betas = [scaling.get(key) or default for key, default in YARN_BETAS.items()]
-    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], *betas, scaling.get("truncate", True))
-    return inv_freq, scaling.get("attention_factor") or yarn_attention_factor(s, scaling.get("mscale"),
-                                                                               scaling.get("mscale_all_dim"))
+    # "attention_factor": 1.0 makes it NTK-by-parts (no temperature); none given: YaRN's temperature
+    s, get = factor_of(scaling), scaling.get
+    betas = [get(key) or default for key, default in YARN_BETAS.items()]
+    inv_freq = yarn_inv_freq(dim, base, s, scaling[ORIGINAL], *betas, get("truncate", True))
+    return inv_freq, get("attention_factor") or yarn_attention_factor(s, get("mscale"), get("mscale_all_dim"))
 
 
 class RopeType(NamedTuple):
-    """A rope type's facts: init(dim, base, scaling, seq_len) -> (inv_freq over dim, attention factor); the
-    keys it reads beyond COMMON_KEYS (transformers' rope utilities read the same); those it cannot do without;
-    whether its frequencies follow the length of the forward; whether it runs over the whole head (Gemma 4's
-    proportional)."""
-    init: Callable
-    keys: tuple = ()
+    init: Callable  # (dim, base, scaling, seq_len) -> (inv_freq over dim, attention factor)
+    keys: tuple = ()  # the keys it reads beyond COMMON_KEYS (as transformers' rope utilities)
     required: tuple = ()
-    follows_length: bool = False
-    whole_head: bool = False
+    follows_length: bool = False  # its frequencies follow the length of the forward
+    whole_head: bool = False  # it runs over the whole head (Gemma 4's proportional)
 
 
 ROPE_TYPES = {  # "ntk" is this repo's static NTK-aware, not a transformers type
     "default": RopeType(lambda d, b, s, n: (default_inv_freq(d, b), 1.0)),
-    "linear": RopeType(lambda d, b, s, n: (linear_inv_freq(d, b, factor_of(s)), 1.0), ("factor",), ("factor",)),
-    "ntk": RopeType(lambda d, b, s, n: (ntk_inv_freq(d, b, factor_of(s)), 1.0), ("factor",), ("factor",)),
-    "dynamic": RopeType(lambda d, b, s, n: (dynamic_inv_freq(d, b, factor_of(s), s[ORIGINAL], n), 1.0),
+    "linear": RopeType(lambda d, b, sc, n: (linear_inv_freq(d, b, factor_of(sc)), 1.0), ("factor",),
+                       ("factor",)),
+    "ntk": RopeType(lambda d, b, sc, n: (ntk_inv_freq(d, b, factor_of(sc)), 1.0), ("factor",), ("factor",)),
+    "dynamic": RopeType(lambda d, b, sc, n: (dynamic_inv_freq(d, b, factor_of(sc), sc[ORIGINAL], n), 1.0),
                         ("factor",), ("factor", ORIGINAL), follows_length=True),
-    "yarn": RopeType(yarn, ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+    "yarn": RopeType(yarn, ("factor", "attention_factor", *YARN_BETAS, "mscale", "mscale_all_dim",
                             "truncate"), ("factor", ORIGINAL)),
     "longrope": RopeType(longrope, ("short_factor", "long_factor", "factor", "attention_factor"), (ORIGINAL,),
                          follows_length=True),
-    "llama3": RopeType(lambda d, b, s, n: (llama3_inv_freq(d, b, factor_of(s), s[ORIGINAL], s.get("low_freq_factor", 1.0),
-                                                           s.get("high_freq_factor", 4.0)), 1.0),
+    "llama3": RopeType(lambda d, b, sc, n: (llama3_inv_freq(d, b, factor_of(sc), sc[ORIGINAL],
+                                                            sc.get("low_freq_factor", 1.0),
+                                                            sc.get("high_freq_factor", 4.0)), 1.0),
                        ("factor", "low_freq_factor", "high_freq_factor"), ("factor", ORIGINAL)),
     # Gemma 4: int(p * d // 2) pairs at the whole head's frequencies, then PI
-    "proportional": RopeType(lambda d, b, s, n: (linear_inv_freq(d, b, factor_of(s)), 1.0), ("factor",), whole_head=True),
+    "proportional": RopeType(lambda d, b, sc, n: (linear_inv_freq(d, b, factor_of(sc)), 1.0), ("factor",),
+                             whole_head=True),
 }
 
 
@@ -147,34 +147,33 @@ def scaling_type(scaling):
 
 
 def complete_scaling(scaling, trained, block_size):
-    """The dict a forward uses: `scaling` (None: the trained one) whose original length defaults to
-    block_size, as in transformers, and whose rope_theta and partial_rotary_factor (the model's, not a
-    scaling's: v5 keeps them in the dict) default to the trained dict's. None stays None."""
+    """The dict a forward uses: `scaling` (None: the trained one), its original length block_size unless set
+    (as transformers), its rope_theta and partial_rotary_factor (the model's: v5 keeps them in the dict) the
+    trained dict's unless set."""
     own = {k: trained[k] for k in ("rope_theta", "partial_rotary_factor") if k in (trained or {})}
     scaling = scaling or trained
     return None if scaling is None else {ORIGINAL: block_size, **own, **scaling}
 
 
 def rotating_pairs(head_dim, fraction):
-    """p-RoPE (Barbero et al. 2024): how many of the head_dim / 2 pairs rotate, round(fraction * head_dim / 2)
-    (Python's round), the highest frequencies; None is plain RoPE, every pair."""
+    # p-RoPE: the highest round(fraction * head_dim / 2) frequencies rotate (None: every pair)
     return head_dim // 2 if fraction is None else round(fraction * (head_dim // 2))
 
 
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, slowdown=1):
-    """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict (checked where it came in:
-    config.check_scaling). seq_len is the length of the sequence being processed (the types that follow it use
-    it). A "rope_theta" in the dict (transformers v5 rope_parameters) replaces `base`. fraction: p-RoPE's
-    share of rotating pairs (None: all); with a partial_rotary_factor too, a pair rotates only if both let it.
+    """(inv_freq [head_dim // 2] float32, attention_factor) for a rope_scaling dict checked where it came in
+    and a forward of seq_len tokens. Its "rope_theta" (v5's rope_parameters) replaces `base`. fraction:
+    p-RoPE's share of rotating pairs; with a partial_rotary_factor too, a pair rotates only if both let it.
     slowdown: every frequency divided by it, in float64 as the scaling methods divide."""
     scaling = scaling or {}
     kind = ROPE_TYPES[scaling_type(scaling)]
-    # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it, not head_dim
+    # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it, not
+    # head_dim
     rotary = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
-    inv_freq, attention_factor = kind.init(head_dim if kind.whole_head else rotary, scaling.get("rope_theta") or base,
-                                           scaling, seq_len)
-    # pairs past the rotary dim pass through (frequency 0); p-RoPE: scaled as full RoPE, then the lowest pairs set to 0
-    # (no position to scale there), which keep YaRN's temperature (the whole logit's; see pair_attention)
+    base = scaling.get("rope_theta") or base
+    inv_freq, attention_factor = kind.init(head_dim if kind.whole_head else rotary, base, scaling, seq_len)
+    # pairs past the rotary dim pass through (frequency 0); p-RoPE: scaled as full RoPE, then the lowest pairs
+    # set to 0 (no position to scale there), which keep YaRN's temperature (the whole logit's; pair_attention)
     inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - len(inv_freq))))
     inv_freq[rotary // 2:] = 0
     inv_freq[rotating_pairs(head_dim, fraction):] = 0
@@ -182,36 +181,24 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, 
 
 
 def frequencies(config, scaling=None, seq_len=None, slowdown=1):
-    """rope_frequencies of a GPTConfig's RoPE with a method's rope_scaling (None: the trained one), completed
-    by complete_scaling. slowdown: every frequency divided by it (leaky ReRoPE's far pairs)."""
+    """rope_frequencies of a GPTConfig with a method's scaling (None: the trained one), completed here, once.
+    slowdown: leaky ReRoPE's far pairs."""
     full = complete_scaling(scaling, config.rope_scaling, config.block_size)
-    head_dim = config.n_embd // config.n_head
-    return rope_frequencies(head_dim, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
+    return rope_frequencies(config.head_dim, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
 
 
 def rope_tables(config, scaling, seq_len, positions, slowdown=1):
-    """rope_cos_sin's tables [len(positions), head_dim] at `positions` (on their device) for a forward of
-    seq_len tokens, scaling and slowdown as in frequencies."""
+    """rope_cos_sin's tables [len(positions), head_dim] for a forward of seq_len tokens."""
     inv_freq, attention_factor = frequencies(config, scaling, seq_len, slowdown)
-    attention = pair_attention(config, scaling, attention_factor).to(positions.device)
+    attention = pair_attention(config, attention_factor).to(positions.device)
     return rope_cos_sin(inv_freq.to(positions.device), positions, attention, config.rope_layout)
 
 
-def causal_dynamic_frequencies(config, scaling, seq_len, device):
-    """Exact causal dynamic scaling's frequencies [seq_len, head_dim / 2] (row t: length t + 1's) and
-    attention factor per pair [head_dim / 2] (the full length's), for positions.causal_dynamic_attention."""
-    freqs = [frequencies(config, scaling, n) for n in range(1, seq_len + 1)]
-    attention = pair_attention(config, scaling, freqs[-1][1])
-    return torch.stack([f for f, _ in freqs]).to(device), attention.to(device)
-
-
-def pair_attention(config, scaling, attention_factor):
+def pair_attention(config, attention_factor):
     """The attention factor per pair [head_dim // 2]: transformers scales only the rotary dims' cos and sin,
     so partial_rotary_factor's other pairs keep 1 (p-RoPE's unrotated pairs keep it: the whole logit's)."""
-    head_dim = config.n_embd // config.n_head
-    full = complete_scaling(scaling, config.rope_scaling, config.block_size)
-    rotary = int(head_dim * (full or {}).get("partial_rotary_factor", 1.0)) // 2
-    return torch.tensor([attention_factor] * rotary + [1.0] * (head_dim // 2 - rotary))
+    rotary = config.rotary_dim // 2
+    return torch.tensor([attention_factor] * rotary + [1.0] * (config.head_dim // 2 - rotary))
 
 
 def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):

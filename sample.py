@@ -1,19 +1,85 @@
-"""Generate text from a trained run with any evaluation method, as far past the training length as you ask. The KV cache
-re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md). Options and outputs: docs/reference.md."""
+"""Generate text from a trained run with any evaluation method, as far past the training length as you ask.
+The KV cache re-rotates its unrotated keys at every step, so dynamic-ntk is exact (docs/methodology.md).
+Options and outputs: docs/reference.md."""
 import codecs
 import math
 import sys
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from data.tokenizer import EOT, run_tokenizer
 from eval.methods import FIXED, forward_args, method_factor, unavailable
 from common import MAX_FACTOR, UserError, command_parser, parse_number, run_cli, shared_values
+from positions import AS_TRAINED
+from rope import ORIGINAL, complete_scaling, scaling_type
 from runtime import autocast, load_checkpoint, model_from_checkpoint
 
 
 SEPARATOR = "\n---------------\n"
+
+
+class KVCache:
+    """Per-layer keys and values so far, keys *before* rotation: every step re-rotates them with the
+    frequencies for the current length, exact for dynamic NTK (GPT.forward's `cache`)."""
+
+    def __init__(self, n_layer):
+        self.kv, self.length = [None] * n_layer, 0  # length: tokens already in the cache
+
+    def update(self, layer, k, v):
+        if self.kv[layer] is not None:
+            k = torch.cat((self.kv[layer][0], k), dim=2)
+            v = torch.cat((self.kv[layer][1], v), dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, on_token=None, method=AS_TRAINED):
+    """Sample max_new_tokens after idx [B, T], every step with the same PositionArgs (past block_size the
+    encoding extrapolates): through a KV cache, except under crop, where each token comes from its last `crop`
+    tokens at positions 0 .. crop - 1 (nanoGPT's sampling). on_token(ids [B, 1]) sees each step's tokens as
+    they come."""
+    cache = None if method.crop else KVCache(model.config.n_layer)
+    if cache is None:
+        logits, _ = model(method.cropped(idx))
+    else:
+        logits, _ = model(idx[:, :exact_prefill(model.config, idx.size(1), method.rope_scaling)], cache=cache,
+                          method=method)
+        for t in range(cache.length, idx.size(1)):  # the rest of the prompt, one token per forward
+            logits, _ = model(idx[:, t:t + 1], cache=cache, method=method)
+    for _ in range(max_new_tokens):
+        idx_next = sample_next(logits[:, -1, :], temperature, top_k)
+        idx = torch.cat((idx, idx_next), dim=1)
+        if on_token:
+            on_token(idx_next)
+        if cache is None:
+            logits, _ = model(method.cropped(idx))
+        else:
+            logits, _ = model(idx_next, cache=cache, method=method)
+    return idx
+
+
+def exact_prefill(config, T, rope_scaling):
+    """How many of T prompt tokens one forward can take exactly. All of them unless the scaling is dynamic:
+    its frequencies follow the length of the forward, so past the original length one forward would give
+    every prompt token the prompt's length where generation gives token t the length t + 1 (exact)."""
+    if config.pos_emb != "rope":
+        return T
+    scaling = complete_scaling(rope_scaling, config.rope_scaling, config.block_size)
+    if scaling_type(scaling) == "dynamic":
+        return min(T, scaling[ORIGINAL])
+    return T
+
+
+def sample_next(logits, temperature=1.0, top_k=None):
+    """One token id per row [B, 1] from logits [B, vocab]: divided by the temperature, cut to the top_k."""
+    logits = logits.float() / max(temperature, 1e-8)
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
 def parse_args(argv):
@@ -53,9 +119,11 @@ def parse_args(argv):
 
 
 def streamer(enc, live):
-    """(on_token for generation, the new ids so far per step, the text a last partial character leaves): with live,
-    the first sample's text is printed as it comes, so a long generation shows progress and survives a Ctrl-C."""
-    steps, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+    """(on_token for generation, the new ids so far per step, the text a last partial character leaves): with
+    live, the first sample's text is printed as it comes, so a long generation shows progress and survives a
+    Ctrl-C."""
+    # a character may span tokens
+    steps, decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")
     def on_token(ids):
         steps.append(ids[:, 0].tolist())
         if live:
@@ -67,7 +135,8 @@ def read_prompt(path):
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it to UTF-8") from None
+        raise UserError(f"--prompt_file {path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it "
+                        "to UTF-8") from None
     except IsADirectoryError:
         raise UserError(f"--prompt_file {path} is a folder; give a text file") from None
     except FileNotFoundError:
@@ -81,16 +150,19 @@ def sample(args):
     enc = run_tokenizer(ckpt)  # the run's vocabulary: the data is not needed, only its tokenizer
     text = read_prompt(args["prompt_file"]) if args["prompt_file"] else args["prompt"]
     if args["prompt_file"] and not text:
-        raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document ({EOT})")
+        raise UserError(f"--prompt_file {args['prompt_file']} is empty; leave it out to start a new document "
+                        f"({EOT})")
     if not text and enc.eot_token is None:
-        raise UserError(f"{args['run_dir']}'s model names no end-of-text token to start a new document: give --prompt")
+        raise UserError(f"{args['run_dir']}'s model names no end-of-text token to start a new document: give "
+                        "--prompt")
     # an <|endoftext|> in the prompt is the document boundary the model was trained with
     prompt = enc.encode(text, allowed_special={EOT}) if text else [enc.eot_token]
     total, method, train_len = len(prompt) + args["max_new_tokens"], args["method"], cfg.train_len
     if reason := unavailable(cfg, method, total):  # before any sampling
         raise UserError(f"--method {method}: {reason}")
     if (factor := method_factor(method, total, train_len, args["factor"])) and factor > MAX_FACTOR:
-        raise UserError(f"--max_new_tokens {args['max_new_tokens']}: {total} tokens make --method {method}'s factor "
+        raise UserError(f"--max_new_tokens {args['max_new_tokens']}: {total} tokens make --method {method}'s "
+                        "factor "
                         f"{factor:.3g}, above {MAX_FACTOR:g}; ask for fewer tokens or pin --factor")
     how = forward_args(method, total, train_len, cfg.block_size, args["factor"])
     print(f"{args['run_dir']}: pos_emb={cfg.pos_emb}, trained at L={train_len}; {len(prompt)} prompt + "
@@ -105,9 +177,10 @@ def sample(args):
         print(text or "", end="", flush=True)
     try:
         with autocast("auto", torch.device(args["device"]).type)[1]:
-            model.generate(idx, *new, on_token=on_token, method=how)
+            generate(model, idx, *new, on_token=on_token, method=how)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(f"after {len(steps)} of {args['max_new_tokens']} new tokens; the text so far is above") from None
+        raise KeyboardInterrupt(f"after {len(steps)} of {args['max_new_tokens']} new tokens; the text so far "
+                                "is above") from None
     finally:  # the text so far, whatever happens: the one sample streamed, or every sample printed now
         samples = [(text or "") + enc.decode([step[i] for step in steps]) for i in range(args["num_samples"])]
         print(*([rest()] if live else samples), sep=SEPARATOR, end=SEPARATOR)

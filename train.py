@@ -19,11 +19,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common import UserError, pick_device, run_cli
 from config import key_help, load_config, model_config
 from data.dataset import get_rows
-from data.synthetic import mix_retrieval, random_vocab, retrieval_check
 from model import GPT
 from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
                      training_data, write_log)
-from wandb_runs import open_run
 
 # ----------------------------------------------------------------------------- training
 
@@ -55,6 +53,7 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
         with ctx:
             losses[split] = sum(model(x, y)[1].item() for x, y in batches) / config["eval_iters"]
     if config["retrieval_mix"]:
+        from data.synthetic import retrieval_check
         name, rows, known = retrieval_check(rng, config, 4 * B, T, splits["val"], copy_vocab)
         (x, y), known = inputs_targets(rows, device), torch.from_numpy(known[:, 1:]).to(device)
         with ctx:
@@ -110,6 +109,21 @@ def report(run, iter_num, lr, losses):
                                                          for k, v in losses.items()}})
 
 
+def retrieval_mix(config, vocab_size):
+    """(data/synthetic.py's mix_retrieval, the ids its rows draw from) where the config mixes retrieval rows
+    into its batches, else (None, None)."""
+    if not config["retrieval_mix"]:
+        return None, None
+    from data.synthetic import mix_retrieval, random_vocab
+    return mix_retrieval, random_vocab(config["retrieval_vocab"], vocab_size)
+
+
+def open_wandb(config, out_dir):
+    """The run's wandb run (wandb_runs.py: offline when no server answers), None where it logs nowhere."""
+    from wandb_runs import open_run
+    return open_run(config, out_dir, new=config["init_from"] != "resume")
+
+
 def train(config):
     # ------------------------------------------------------------------ set-up: processes, data, model, optimizer
     ddp = int(os.environ.get("RANK", -1)) != -1
@@ -158,13 +172,13 @@ def train(config):
             model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
 
         gas = config["gradient_accumulation_steps"]
-        copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])  # the ids retrieval rows draw from
+        mix_retrieval, copy_vocab = retrieval_mix(config, meta["vocab_size"])
         tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
         peak = peak_flops(device_type)
         if master:
             print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
-        wandb_run = open_run(config, out_dir, new=config["init_from"] != "resume") if master and config["wandb_log"] else None
+        wandb_run = open_wandb(config, out_dir) if master and config["wandb_log"] else None
         run = dict(model=raw_model, optimizer=optimizer, splits=splits, config=config, ctx=ctx, device=device, meta=meta,
                    copy_vocab=copy_vocab, out_dir=out_dir, log=log, wandb=wandb_run, origin=origin, rng=rng,
                    master=master, ddp=ddp)
@@ -186,7 +200,8 @@ def train(config):
                     if ddp:  # all-reduce gradients on the last micro step only
                         model.require_backward_grad_sync = micro == gas - 1
                     rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
-                    mix_retrieval(rows, rng, config, copy_vocab)
+                    if mix_retrieval:
+                        mix_retrieval(rows, rng, config, copy_vocab)
                     x, y = inputs_targets(rows, device)
                     with ctx:
                         _, loss = model(x, y)
@@ -215,7 +230,7 @@ def train(config):
         if wandb_run:
             wandb_run.finish()
     if ddp:  # the DDP wrapper holds the process group and sits in reference cycles: freed first, or gloo can
-        del model  # abort the process at exit (torch 2.13: a test run in 50 on a busy 2-core machine)
+        del model  # abort the process at exit
         gc.collect()
         destroy_process_group()
 

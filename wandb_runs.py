@@ -1,7 +1,8 @@
-"""wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation, probes and
-training resume by the id kept in the run folder; every number a user compares a summary metric with a sortable name;
-curves as history on their own x-axis (training: iter; loss by position: position). Never waits on a login or a
-network: offline, said in one line, whenever the server cannot be had. Torch-free."""
+"""wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation,
+probes and training resume by the id kept in the run folder; every number a user compares a summary metric
+with a sortable name; curves as history on their own x-axis (training: iter; loss by position: position).
+Never waits on a login or a network: offline, said in one line, whenever the server cannot be had.
+Torch-free."""
 import http.client
 import json
 import netrc
@@ -44,9 +45,9 @@ def given_mode():
 
 
 def wandb_mode():
-    """WANDB_MODE's offline or disabled as given; else online where there is a login and its server answers within
-    CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails, and without a
-    network waits about 100 s before it fails)."""
+    """WANDB_MODE's offline or disabled as given; else online where there is a login and its server answers
+    within CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails,
+    and without a network waits about 100 s before it fails)."""
     mode = given_mode()
     if mode in ("offline", "disabled"):
         return mode
@@ -117,15 +118,17 @@ def ready_to_log(run_dir, new=False):
 
 
 def offline(why):
-    print(f"wandb: {why}: logging offline under ./wandb; upload with `wandb sync wandb/offline-run-*`", flush=True)
+    print(f"wandb: {why}: logging offline under ./wandb; upload with `wandb sync wandb/offline-run-*`",
+          flush=True)
 
 
 def open_run(config, run_dir, new=False, job_type=None):
-    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere: resumed by the
-    id in run_dir/wandb.json, else (or new: a training from scratch) a new run whose id is kept there. Its name is the
-    run's, its group the study's (wandb_group) or else its own (a fine-tune: its origin's group), so a workspace
-    groups a model with its fine-tunes; job type train, fine-tune, or as given. Its config: the run's, and config_name,
-    the run's name without a study's _seed<k>, which a config's seeds share (a workspace groups them by it)."""
+    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere:
+    resumed by the id in run_dir/wandb.json, else (or new: a training from scratch) a new run whose id is kept
+    there. Its name is the run's, its group the study's (wandb_group) or else its own (a fine-tune: its
+    origin's group), so a workspace groups a model with its fine-tunes; job type train, fine-tune, or as
+    given. Its config: the run's, and config_name, the run's name without a study's _seed<k>, which a config's
+    seeds share (a workspace groups them by it)."""
     import wandb
     run_dir = run_home(run_dir)
     if (known := ready_to_log(run_dir, new)) is None or (mode := wandb_mode()) == "disabled":
@@ -139,7 +142,8 @@ def open_run(config, run_dir, new=False, job_type=None):
     if not (isinstance(run["project"], str) and run["project"].strip()):
         raise UserError(f"wandb_project={run['project']!r} is not a project name: give one, e.g. "
                         "--wandb_project=ropelab")
-    settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)), resume="allow" if known else None, **run)
+    settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)),
+                    resume="allow" if known else None, **run)
     try:
         wb = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=INIT_TIMEOUT), **settings)
     except wandb.errors.CommError as e:  # reachable, yet no run within INIT_TIMEOUT, or the login was refused
@@ -158,7 +162,8 @@ def open_run(config, run_dir, new=False, job_type=None):
 
 
 def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
-    """Into the model's run: summary metrics, history rows (curves on their own x-axis) and media (tables, images)."""
+    """Into the model's run: summary metrics, history rows (curves on their own x-axis) and media (tables,
+    images)."""
     if (run := open_run(config, run_dir, job_type=job_type)) is None:
         return
     with run:
@@ -170,7 +175,8 @@ def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
 
 
 def key(*parts):
-    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn - rope_small crop')."""
+    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn -
+    rope_small crop')."""
     return "/".join(re.sub(r"[\s/()]+", "_", str(p)).strip("_") for p in parts)
 
 
@@ -184,19 +190,32 @@ EXTRAPOLATION = dict(ppl="ppl", ppl_past_L="ppl_beyond_train", loss_past_L="loss
 
 
 def extrapolation_metrics(report):
-    """(summary, history rows) of an eval/extrapolate.py report: per length (a multiple of L), method and, where both
-    ran, protocol, the numbers of EXTRAPOLATION; per length the binned loss and loss minus crop by position, the bins
-    of extrapolation.png, in rows whose x is the token position (and position_over_L, its multiple of L)."""
+    """(summary, history rows) of an eval/extrapolate.py report: per length (a multiple of L), method and,
+    where both ran, protocol, the numbers of EXTRAPOLATION; per length the binned loss and loss minus crop by
+    position, the bins of extrapolation.png, in rows whose x is the token position (and position_over_L, its
+    multiple of L)."""
     L, results = report["train_len"], [r for r in report["results"] if r["available"]]
     both = len({r["protocol"] for r in results}) > 1
     summary, by_length = {}, {}
     for r in results:
         method = "-".join(filter(None, (r["method"], r["mode"])))  # dynamic-ntk-causal
         at = (times(r["eval_len"], L), method, *([r["protocol"]] if both else []))
-        summary.update({key(name, *at): r[field] for name, field in EXTRAPOLATION.items() if r[field] is not None})
-        for curve, name, field in (("curve", "loss_by_position", "loss"), ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
+        summary.update({key(name, *at): r[field] for name, field in EXTRAPOLATION.items()
+                        if r[field] is not None})
+        for curve, name, field in (("curve", "loss_by_position", "loss"),
+                                   ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
             for x, y in zip(*(r[curve][k] for k in ("x", field))) if r.get(curve) else ():
                 by_length.setdefault(r["eval_len"], {}).setdefault(x + 1, {})[key(name, *at[:2])] = y
-    rows = [dict(position=p, position_over_L=p / L, **values) for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
+    rows = [dict(position=p, position_over_L=p / L, **values)
+            for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
     return summary, rows
 
+
+def log_extrapolation(report, ckpt, run_dir, png_path):
+    """Into the model's run: eval/extrapolate.py's numbers as summary metrics, its curves by position, its
+    table and figure."""
+    import wandb
+    from eval.report import CSV_FIELDS
+    table = wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])
+    log_results(run_dir, ckpt["config"], *extrapolation_metrics(report),
+                media={"extrapolation/table": table, "extrapolation/plot": wandb.Image(str(png_path))})

@@ -1,6 +1,7 @@
 """Reading eval/extrapolate.py's reports back, for the commands that compare runs (eval/compare.py; the lab's
 study, ladder and their families): each checked against the weights its run holds now; the runs given, each
-once and labelled; and the log axis their figures share. Off the quick start's path: extrapolate.py writes reports, it never reads one back."""
+once and labelled; and the log axis their figures share. Off the quick start's path: extrapolate.py writes
+reports, it never reads one back."""
 import json
 import math
 from pathlib import Path
@@ -82,6 +83,7 @@ def unique_runs(paths, what):
 
 
 def run_labels(paths, names):
-    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line per run."""
+    """names, where two runs share one (out/a/rope_small, out/b/rope_small) their paths instead: a row or line
+    per run."""
     shared = {n for n in names if names.count(n) > 1}
     return [str(p) if n in shared else n for p, n in zip(paths, names)]

@@ -1,5 +1,5 @@
-"""The one shared way to score held-out text token by token (a run loaded by runtime.load_run): every evaluation goes
-through score_rows, so "the loss at position p" means the same thing everywhere."""
+"""The one shared way to score held-out text token by token (a run loaded by runtime.load_run): every
+evaluation goes through score_rows, so "the loss at position p" means the same thing everywhere."""
 import math
 
 import numpy as np
@@ -13,16 +13,17 @@ from runtime import autocast
 
 
 def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=None, method=AS_TRAINED):
-    """Per-position NLL [len(starts), last or length] of the windows tokens[s:s+length+1] (see score_rows)."""
-    rows = np.stack([tokens[s:s + length + 1] for s in starts])  # the callers' starts come from doc_windows: they fit
+    """Per-position NLL [len(starts), last or length] of the windows tokens[s:s+length+1] (score_rows)."""
+    rows = np.stack([tokens[s:s + length + 1] for s in starts])  # starts from doc_windows: they fit
     return score_rows(model, rows, tokens_per_batch, last, method)[0]
 
 
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED):
-    """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of token rows [N, n+1],
-    each row from position 0, in batches <= tokens_per_batch, under a positions.Method. Its crop is done here, for every
-    command: rows longer than crop are cut to their last crop tokens, and only their targets (m <= crop) scored."""
+    """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of token rows
+    [N, n+1], each row from position 0, in batches <= tokens_per_batch, under a positions.PositionArgs. Its
+    crop is done here, for every command: rows longer than crop are cut to their last crop tokens, and only
+    their targets (m <= crop) scored."""
     rows = np.asarray(rows, dtype=np.int64)
     if method.crop and rows.shape[1] - 1 > method.crop:
         rows, last = rows[:, -(method.crop + 1):], min(last or method.crop, method.crop)
@@ -32,16 +33,17 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED
     for i in range(0, N, batch):
         chunk = torch.from_numpy(rows[i:i + batch]).to(device)
         with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
-            logits, _ = model(chunk[:, :-1], last=m, method=method)  # only the targets asked for: in a strided crop
-        # the head and the cross-entropy of the positions nobody reads took half the time
-        y = chunk[:, -m:]  # per token, in float32 (as the model's own loss), not averaged: positions are the point
-        nll[i:i + len(chunk)] = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu().numpy()
+            # the head only over the targets asked for: a strided crop reads few of them
+            logits, _ = model(chunk[:, :-1], last=m, method=method)
+        y = chunk[:, -m:]  # per token, in float32 (as the model's own loss): positions are the point
+        loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
+        nll[i:i + len(chunk)] = loss.double().cpu().numpy()
         hit[i:i + len(chunk)] = (logits.argmax(-1) == y).cpu().numpy()
     return nll, hit
 
 
 def sliding_windows(n, length, stride):
-    """(start in a stretch of n tokens, last targets scored) per sliding window: every target once (docs/methodology.md)."""
+    """(start in a stretch of n tokens, last targets scored) per sliding window: every target once."""
     if not 1 <= stride <= length <= n:
         raise UserError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
                          f"length {length}, stretch {n}")
@@ -51,15 +53,17 @@ def sliding_windows(n, length, stride):
 
 def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
     """NLL [n] of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
-    plan = sliding_windows(n, length, stride)  # the first window scores all its targets, the others their last <= stride
+    # the first window scores all its targets, the others their last
+    plan = sliding_windows(n, length, stride)
+    later = [start + s for s, _ in plan[1:]]
     nll = [*score_windows(model, tokens, [start + plan[0][0]], length, method=method),
-           *(score_windows(model, tokens, [start + s for s, _ in plan[1:]], length, last=stride, method=method)
-             if len(plan) > 1 else [])]
+           *(score_windows(model, tokens, later, length, last=stride, method=method) if later else [])]
     return np.concatenate([row[len(row) - k:] for row, (_, k) in zip(nll, plan)])
 
 
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
-    """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2 windows."""
+    """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2
+    windows."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
     n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
     try:
@@ -69,37 +73,10 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
 
 
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
-    """NLL [units, n] of every target of every unit, in order, under a positions.Method."""
-    if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart (docs/methodology.md)
-        return np.stack([score_sliding(model, tokens, s, n, min(method.crop, n), min(crop_stride, method.crop, n)) for s in starts])
+    """NLL [units, n] of every target of every unit, in order, under a positions.PositionArgs."""
+    if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart
+        crop, stride = min(method.crop, n), min(crop_stride, method.crop, n)
+        return np.stack([score_sliding(model, tokens, s, n, crop, stride) for s in starts])
     if protocol == "sliding":
         return np.stack([score_sliding(model, tokens, s, n, eval_len, stride, method) for s in starts])
     return score_windows(model, tokens, starts, n, method=method)
-
-
-def score_cropped(model, rows, last, context, stride=1):
-    """(NLL, top-1 hit) [N, last] of the last `last` targets of token rows [N, n+1], each predicted from its own last
-    tokens at positions 0 .. context - 1 (fewer where the row holds fewer): exact crop at stride 1; at stride S each
-    window of context tokens scores its last S targets, so a target sees context - S + 1 to context tokens."""
-    rows = np.asarray(rows, dtype=np.int64)
-    n = rows.shape[1] - 1
-    first = n - last  # index of the first target asked for, in 0 .. n - 1 (target j is rows[:, j + 1])
-    short = min(n, context)  # targets 0 .. short - 1 see their whole row prefix: one window from position 0
-    parts = []
-    if first < short:
-        parts.append(score_rows(model, rows[:, :short + 1], last=short - first))
-    lo = max(first, context)  # targets lo .. n - 1, in blocks counted back from the last: a block ending at
-    ends = list(range(n, lo, -stride))[::-1]  # e holds targets e - stride .. e - 1 (the first block maybe fewer)
-    if ends and (head := ends[0] - lo) < stride:
-        parts.append(window_block(model, rows, ends.pop(0), context, head))
-    if ends:
-        parts.append(window_block(model, rows, ends, context, stride))
-    return tuple(np.concatenate(p, axis=1) for p in zip(*parts))
-
-
-def window_block(model, rows, ends, context, k):
-    """(NLL, hit) [N, k * len(ends)]: the k targets before each end, each window the context tokens before its end."""
-    ends = np.atleast_1d(ends)
-    windows = np.stack([rows[:, e - context:e + 1] for e in ends], axis=1).reshape(-1, context + 1)
-    nll, hit = score_rows(model, windows, last=k)
-    return nll.reshape(len(rows), -1), hit.reshape(len(rows), -1)

@@ -35,7 +35,7 @@ def base_bound_curve(head_dim, base, max_len, start=0, fraction=None):
 
 def base_bound_note(cfg, eval_multiple=16):
     """A line if the RoPE base is below Men et al.'s bound (B_m < 0) up to eval_multiple x block_size, else None."""
-    L, head_dim = cfg.block_size, cfg.n_embd // cfg.n_head
+    L, head_dim = cfg.block_size, cfg.head_dim
     if cfg.pos_emb == "rope" and (m := first_negative(trained_freq(head_dim, cfg.rope_base, cfg.rope_fraction), eval_multiple * L)):
         reach = "its own training length" if m <= L else f"evaluation lengths past {m} ({m / L:.2g}x the training length)"
         fraction = f", rope_fraction {cfg.rope_fraction:g}" if cfg.rope_fraction else ""

@@ -26,7 +26,8 @@ from data.dataset import doc_windows, held_out, in_tokens, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor
 from eval.report import fmt, json_csv, line_style, png, pyplot, write_all
-from eval.score import score_cropped, score_rows
+from eval.score import score_rows
+from lab.crop import score_cropped
 from eval.summary import mean_stderr
 from lab.pages import generated, write_page
 from runtime import load_run
@@ -75,7 +76,7 @@ def factor_at(method, c, C, train_len, factor):
 
 
 def score(model, units, c, m, how, L):
-    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a positions.Method, from position 0;
+    """Per-unit mean NLL of the last m targets of each unit's last c + 1 tokens under a positions.PositionArgs, from position 0;
     under crop each target from exactly its own last how.crop tokens; whole-L (how None) from the last L + 1 tokens."""
     if how is None:
         return score_rows(model, units[:, -(min(c, L) + 1):], last=m)[0].mean(axis=1)

@@ -36,7 +36,8 @@ from common import (UserError, command_parser, json_text, parse_list, parse_numb
 from data.dataset import held_out, load_meta, load_split
 from data.tokenizer import run_tokenizer
 from eval.report import png, pyplot
-from eval.score import score_cropped, score_rows
+from eval.score import score_rows
+from lab.crop import score_cropped
 from lab.pages import generated, interval_text
 from lab.protocols import donors, method, swap_prefix
 from lab.stats import interval
@@ -212,7 +213,7 @@ def main(argv):
     if (known := out / "ids.json").is_file() and json.loads(known.read_text()) != ids:
         raise UserError(f"{out} holds readings of other weights or options ({known}); use another --out")
     write_atomic(known, lambda f: f.write((json_text(ids) + "\n").encode()))
-    L, rotary_dim = model.config.train_len, model.config.n_embd // model.config.n_head
+    L, rotary_dim = model.config.train_len, model.config.rotary_dim
     a.methods = default_methods(L) if a.methods == "auto" else parse_list(a.methods, "methods", str)
     a.at_1x = [m for m in a.methods if m.split(":")[0] in a.at_1x.split(",") and "+logn" not in m]
     items = Items(out)

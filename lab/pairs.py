@@ -18,7 +18,7 @@ from eval.report import png, pyplot
 from eval.score import score_rows
 from runtime import load_run
 from lab.stats import LEVEL, RETRIEVES, holm, interval
-from positions import AS_TRAINED, Method
+from positions import AS_TRAINED, PositionArgs
 from lab.bound import first_negative
 from lab.pages import generated, interval_text, write_page
 from rope import frequencies, yarn_attention_factor
@@ -73,7 +73,7 @@ def copy_hits(model, rows, k, method=AS_TRAINED):
 def load_runs(paths, device):
     """The models and their common (training length, data folder); runs that differ are a one-line error."""
     loaded = [load_run(p, device) for p in paths]
-    shared = {(m.config.train_len, str(d), m.config.n_embd // m.config.n_head, m.config.rope_base, m.config.pos_emb)
+    shared = {(m.config.train_len, str(d), m.config.head_dim, m.config.rope_base, m.config.pos_emb)
               for m, c, d in loaded}  # "the fastest j pairs" must name the same frequencies in every run
     if len(shared) > 1 or next(iter(shared))[4] != "rope":
         raise UserError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
@@ -92,7 +92,7 @@ def copies_inside(models, tokens, docs, L, args, vocab):
 
 
 def n_pairs(model):
-    return model.config.n_embd // model.config.n_head // 2
+    return model.config.head_dim // 2
 
 
 def measure(models, trial_sets, L, k, betas):
@@ -104,7 +104,7 @@ def measure(models, trial_sets, L, k, betas):
         T = trials.shape[1] - 1
         s = method_factor("pi", T, L)
         named = {**variants(n, s, L), **yarn_variants(s, L, betas)}
-        hits = {name: np.stack([copy_hits(m, trials, k, Method(rope_scaling=scaling)) for m in models])
+        hits = {name: np.stack([copy_hits(m, trials, k, PositionArgs(rope_scaling=scaling)) for m in models])
                 for name, scaling in tqdm(named.items(), desc=f"d={d}", leave=False)}
         for name, scaling in named.items():
             c = interval(hits[name])

@@ -96,7 +96,7 @@ def once(args, option, shortest, used):
 
 
 def positions(method, n, args, run_len):
-    """The method's positions.Method over n tokens (pairs: with the --pair_factors)."""
+    """The method's positions.PositionArgs over n tokens (pairs: with the --pair_factors)."""
     return forward_args(method, n, args["train_len"], run_len, args["pair_factors"] if method == "pairs" else None)
 
 

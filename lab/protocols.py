@@ -31,7 +31,8 @@ from common import (UserError, claim_output, command_parser, json_text, parse_li
 from data.dataset import doc_windows, held_out, load_meta, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot
-from eval.score import score_cropped, score_rows
+from eval.score import score_rows
+from lab.crop import score_cropped
 from runtime import load_run
 from lab.pages import generated, interval_text, log_page, write_page
 from lab.stats import interval
@@ -52,7 +53,7 @@ def ntk_mixed_factors(rotary_dim, k, b):
 
 
 def method(spec, L, run_len, length, rotary_dim, factor):
-    """The positions.Method of a row: a method of eval/methods.py by its name and settings, '+logn' adding Su's log-n
+    """The positions.PositionArgs of a row: a method of eval/methods.py by its name and settings, '+logn' adding Su's log-n
     (queries past L scaled by log(n) / log L, as rerope_patch.py and ntk_patch.py do), 'ntk-mixed' the fixed form with
     its k and b as settings (ntk-mixed:k=8:b=0.625; bojone's 12 and 0.75 by default)."""
     name, logn = spec.removesuffix("+logn"), spec.endswith("+logn")
@@ -215,8 +216,7 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     model, _, data_dir = load_run(small, device)
     L = model.config.train_len
     # NTK-mixed's pairs are the rotating ones: a partial rotary factor (Pythia's 0.25) leaves the rest unrotated
-    partial = (model.config.rope_scaling or {}).get("partial_rotary_factor", 1.0)
-    rotary_dim = int(model.config.n_embd // model.config.n_head * partial)
+    rotary_dim = model.config.rotary_dim
     units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
     ids = dict(version=2, small=weights_id(small), tuned=tuned and weights_id(tuned), docs=docs_name, units=units_n,
                **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key

@@ -21,7 +21,7 @@ import torch
 
 from common import UserError, command_parser, out_of_memory, parse_list, pick_device, run_cli
 from config import gpt_config
-from eval.methods import MASKS, METHODS, forward_args, split_method, unavailable
+from eval.methods import MASKS, METHODS, forward_args, unavailable
 from eval.score import score_units
 from model import GPT
 from runtime import load_checkpoint, model_from_checkpoint
@@ -112,7 +112,7 @@ def check_lengths(model, lengths, methods, device):
             name = method.removesuffix(" (causal)")
             if why := unavailable(model.config, name, T):
                 raise UserError(f"--methods {method} cannot read {T:,} tokens of this model: {why}")
-            mask = split_method(name)[0] in MASKS or name != method
+            mask = name.split(":")[0] in MASKS or name != method
             if (need := 4 * vocab * T + mask * T * T) > free:  # the most tokens: the root of T^2 + 4 vocab T = free
                 most = free / (4 * vocab) if not mask else math.sqrt(4 * vocab**2 + free) - 2 * vocab
                 raise UserError(f"--lengths {m:g} is {T:,} tokens, and {method} needs at least {need / 2**20:,.0f} MiB "
@@ -161,7 +161,7 @@ def parse_args(argv):
     a["lengths"] = parse_list(a["lengths"], "lengths", float)
     a["methods"] = parse_list(a["methods"], "methods", str)
     for method in a["methods"]:
-        name = split_method(method.removesuffix(" (causal)"))[0]
+        name = method.removesuffix(" (causal)").split(":")[0]
         if name not in METHODS:
             p.error(f"unknown --methods {method}; allowed: {', '.join(METHODS)}")
         if name == "pairs":  # the same attention as yarn's, other frequencies: the same cost

@@ -11,7 +11,7 @@ import train
 from data.dataset import doc_windows, load_split
 from lab import context
 from runtime import load_run
-from positions import Method
+from positions import PositionArgs
 
 L, M = 32, 4  # training length of the tiny runs; default targets L // 8
 CONTEXTS = [8, 16, 32, 64, 128]  # 0.25x .. 4x
@@ -204,7 +204,7 @@ def test_the_factor_stays_fixed_while_the_context_grows(rope_run, report, tmp_pa
     for c in (L // 4, L, 4 * L):  # against a forward with PI's factor 4 given here
         x, y = torch.from_numpy(units[:, -c - 1:-1]), torch.from_numpy(units[:, -c:])
         with torch.no_grad():
-            logits, _ = model(x, method=Method(rope_scaling={"rope_type": "linear", "factor": 4.0}))
+            logits, _ = model(x, method=PositionArgs(rope_scaling={"rope_type": "linear", "factor": 4.0}))
         expected = F.cross_entropy(logits[:, -M:].transpose(1, 2), y[:, -M:], reduction="none").mean(1).numpy()
         assert pi[c]["per_unit"] == pytest.approx(expected.tolist(), abs=2e-6), c
     assert np.abs(np.subtract(pi[L]["per_unit"], none[L]["per_unit"])).max() > 1e-4

@@ -67,7 +67,7 @@ def test_the_training_path_imports_nothing_from_eval():
 def test_rope_tables_are_built_once_per_scaling_and_device_with_the_same_numbers(monkeypatch):
     import rope as rope_module
     from model import GPT, GPTConfig
-    from positions import Method
+    from positions import PositionArgs
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
@@ -75,7 +75,7 @@ def test_rope_tables_are_built_once_per_scaling_and_device_with_the_same_numbers
     yarn = {"rope_type": "yarn", "factor": 3.0}
     def fresh(n, scaling):  # tables built for this forward alone
         gpt.rope_cache.clear()
-        return gpt(idx[:, :n], method=Method(rope_scaling=scaling))[0]
+        return gpt(idx[:, :n], method=PositionArgs(rope_scaling=scaling))[0]
     with torch.no_grad():
         fresh = [fresh(n, s) for s in (None, yarn) for n in (48, 20)]
     builds = []
@@ -83,12 +83,12 @@ def test_rope_tables_are_built_once_per_scaling_and_device_with_the_same_numbers
     monkeypatch.setattr(rope_module, "rope_frequencies", lambda *a: builds.append(a) or real(*a))
     gpt.rope_cache.clear()
     with torch.no_grad():
-        cached = [gpt(idx[:, :n], method=Method(rope_scaling=s))[0] for s in (None, yarn) for n in (48, 20, 48)]
+        cached = [gpt(idx[:, :n], method=PositionArgs(rope_scaling=s))[0] for s in (None, yarn) for n in (48, 20, 48)]
     assert len(builds) == 2  # one per scaling: a shorter forward reads the first rows of the longer one's tables
     for a, b in zip(fresh, [c for i, c in enumerate(cached) if i % 3 != 2]):
         assert torch.equal(a, b)
-    gpt(idx[:, :20], method=Method(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
-    gpt(idx[:, :30], method=Method(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
+    gpt(idx[:, :20], method=PositionArgs(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
+    gpt(idx[:, :30], method=PositionArgs(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
     assert len(builds) == 4  # dynamic NTK's frequencies follow the length: one set per length
 
 

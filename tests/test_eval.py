@@ -16,11 +16,11 @@ from data.dataset import held_out, load_split
 from eval import compare, extrapolate
 from common import UserError
 from eval.methods import METHODS
-from eval.report import BEST_N, CARD, PLOT_BINS, STYLES, extrapolation_table, line_style, past_means, plotted, same_rows, signed
+from eval.report import ALWAYS_DRAWN, BEST_N, CSV_FIELDS, PLOT_BINS, STYLES, extrapolation_table, line_style, past_means, plotted, same_rows, signed
 from eval.score import score_sliding, score_windows, sliding_windows
 from runtime import load_run
-from model import KVCache
-from positions import Method
+from sample import KVCache
+from positions import PositionArgs
 
 ROOT = Path(__file__).resolve().parents[1]
 L = 32  # training length of the tiny runs
@@ -288,13 +288,13 @@ def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
     tokens, docs = load_split(data_dir, "val")
     T, start = 3 * L, int(docs[0, 0])
     dynamic = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
-    causal = score_windows(model, tokens, [start], T, method=Method(rope_scaling=dynamic, causal_dynamic=True))[0]
-    sequence = score_windows(model, tokens, [start], T, method=Method(rope_scaling=dynamic))[0]
+    causal = score_windows(model, tokens, [start], T, method=PositionArgs(rope_scaling=dynamic, causal_dynamic=True))[0]
+    sequence = score_windows(model, tokens, [start], T, method=PositionArgs(rope_scaling=dynamic))[0]
     x = torch.tensor(tokens[start:start + T + 1].astype(np.int64))
     cache, reference = KVCache(model.config.n_layer), []
     with torch.no_grad():  # the reference: one token at a time, each step rotates with its own length
         for t in range(T):
-            logits, _ = model(x[None, t:t + 1], cache=cache, method=Method(rope_scaling=dynamic))
+            logits, _ = model(x[None, t:t + 1], cache=cache, method=PositionArgs(rope_scaling=dynamic))
             reference.append(F.cross_entropy(logits[0], x[t + 1:t + 2]).item())
     assert causal == pytest.approx(reference, abs=1e-4)
     assert np.abs(causal[L:] - sequence[L:]).max() > 1e-3
@@ -377,7 +377,7 @@ def test_outputs_csv_png_and_table(report, rope_run, tmp_path):
     run(rope_run, out, "--lengths", "1,2", "--methods", "none,dynamic-ntk", "--dynamic_modes", "causal")
     csv_rows = (out / "extrapolation.csv").read_text().splitlines()
     # windows: none, dynamic (causal); sliding: none, dynamic (sequence): x 2 lengths
-    assert csv_rows[0] == ",".join(extrapolate.CSV_FIELDS) and len(csv_rows) == 1 + 8
+    assert csv_rows[0] == ",".join(CSV_FIELDS) and len(csv_rows) == 1 + 8
     assert (out / "extrapolation.png").stat().st_size > 10_000
     assert "dynamic-ntk (causal)" in extrapolation_table(report) and "2x=64" in extrapolation_table(report)
 
@@ -446,7 +446,7 @@ def test_a_run_that_fails_or_has_nothing_to_do_leaves_earlier_outputs_as_they_we
 
     def broken(*args):
         raise OSError("the figure failed")
-    monkeypatch.setattr(extrapolate, "extrapolation_plot", broken)  # a failure after the numbers, while drawing
+    monkeypatch.setattr("eval.report.extrapolation_plot", broken)  # a failure after the numbers, while drawing
     assert error_of([str(rope_run), "--out", str(tmp_path), "--lengths", "1", "--methods", "none", "--no-wandb"]).endswith(
         "the figure failed")
     assert outputs_of(tmp_path, names) == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
@@ -484,7 +484,7 @@ def test_the_figure_draws_a_handful_of_methods_against_crop_in_bins_that_grow_wi
         assert np.mean(r["crop_curve"]["diff_crop"]) == pytest.approx(r["loss"] - crop["loss"], abs=1e-5)
     windows = [r for r in report["results"] if r["protocol"] == "windows"]
     drawn, means = plotted(windows, None, L), past_means(windows, L)
-    others = sorted((k for k in means if k.split(" (")[0] not in CARD and k != "dynamic-ntk (sequence)"), key=means.get)
+    others = sorted((k for k in means if k.split(" (")[0] not in ALWAYS_DRAWN and k != "dynamic-ntk (sequence)"), key=means.get)
     assert drawn == ["none", "pi", "ntk", "yarn", *others[:BEST_N]]  # and the others this run has nearest crop
     assert plotted(windows, ["logn", "crop"], L) == ["logn"]  # crop is the zero line
     assert same_rows(report["results"]) == {"dynamic-ntk (sequence)": "ntk"}  # one forward, two names: drawn once

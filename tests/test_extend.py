@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from eval.methods import forward_args, self_extend_group, unavailable
-from model import GPT, GPTConfig, KVCache
-from positions import Method, far_positions, merged_attention
+from model import GPT, GPTConfig
+from sample import KVCache
+from positions import PositionArgs, far_positions, merged_attention
 from rope import apply_rope, default_inv_freq, rope_cos_sin, yarn_inv_freq
 
 
@@ -65,8 +66,8 @@ def test_self_extend_group_is_the_smallest_that_stays_inside_the_trained_distanc
     # (length - 1) // G + W - W // G < L: at 256 tokens, L 64, W 32: G = 8 gives 31 + 28 = 59, G = 7 gives 36 + 28 = 64
     assert self_extend_group(256, 64, 32) == 8
     assert self_extend_group(64, 64, 32) == 1  # inside L nothing is grouped
-    assert forward_args("self-extend", 256, 64, 64) == Method(extend=(32, 8))
-    assert forward_args("rerope", 256, 64, 64) == Method(extend=(32, None))
+    assert forward_args("self-extend", 256, 64, 64) == PositionArgs(extend=(32, 8))
+    assert forward_args("rerope", 256, 64, 64) == PositionArgs(extend=(32, None))
 
 
 def tiny(**kw):
@@ -121,28 +122,28 @@ def test_leaky_rerope_is_the_hand_built_one(T, window, k):
 @torch.no_grad()
 def test_leaky_rerope_in_the_model_runs_from_none_at_k_1_to_rerope_as_k_grows():
     model, idx = tiny(), torch.randint(0, 50, (2, 64))
-    plain, rerope_, none_ = model(idx)[0], model(idx, method=Method(extend=(8, None)))[0], model(idx, method=Method(extend=(8, None), leak=1))[0]
+    plain, rerope_, none_ = model(idx)[0], model(idx, method=PositionArgs(extend=(8, None)))[0], model(idx, method=PositionArgs(extend=(8, None), leak=1))[0]
     assert torch.allclose(none_, plain, atol=1e-4)  # k = 1: every distance exact
-    slow = model(idx, method=Method(extend=(8, None), leak=100000))[0]
+    slow = model(idx, method=PositionArgs(extend=(8, None), leak=100000))[0]
     assert torch.allclose(slow, rerope_, atol=2e-3) and not torch.allclose(slow, plain, atol=1e-2)
 
 
 def test_leaky_k_is_the_smallest_that_keeps_every_distance_inside_the_trained_ones():
     # 256 tokens, L 64, w 32: 32 + 223 / k <= 63 needs k >= 7.19, so 8 (largest distance 59.9); inside L: 1
-    assert forward_args("leaky-rerope", 256, 64, 64) == Method(extend=(32, None), leak=8)
+    assert forward_args("leaky-rerope", 256, 64, 64) == PositionArgs(extend=(32, None), leak=8)
     assert forward_args("leaky-rerope", 64, 64, 64).leak == 1
-    assert forward_args("leaky-rerope:window=16:k=3", 256, 64, 64) == Method(extend=(16, None), leak=3)
+    assert forward_args("leaky-rerope:window=16:k=3", 256, 64, 64) == PositionArgs(extend=(16, None), leak=3)
 
 
 def test_method_settings_reach_the_forward_and_bad_ones_are_one_line_errors():
     from eval.methods import parse_methods
     from common import UserError
-    assert forward_args("self-extend:window=16:group=3", 256, 64, 64) == Method(extend=(16, 3))
-    assert forward_args("rerope:window=48", 256, 64, 64) == Method(extend=(48, None))
+    assert forward_args("self-extend:window=16:group=3", 256, 64, 64) == PositionArgs(extend=(16, 3))
+    assert forward_args("rerope:window=48", 256, 64, 64) == PositionArgs(extend=(48, None))
     assert forward_args("yarn:beta_fast=4:beta_slow=0.5", 256, 64, 64).rope_scaling == {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 4.0, "beta_slow": 0.5}
     # crop-L: a fine-tune (run_len 256) cropped to the length it was extended from (64)
-    assert forward_args("crop-L", 512, 64, 256) == Method(crop=64) and forward_args("crop", 512, 64, 256) == Method(crop=256)
+    assert forward_args("crop-L", 512, 64, 256) == PositionArgs(crop=64) and forward_args("crop", 512, 64, 256) == PositionArgs(crop=256)
     assert parse_methods("yarn,yarn:beta_fast=4,yarn") == ["yarn", "yarn:beta_fast=4"]
     for bad in ("yarn:window=4", "rerope:window=0", "rerope:window=x", "nope", "pi:factor=2"):
         with pytest.raises(UserError):
@@ -162,7 +163,7 @@ def test_leaky_rerope_far_pairs_use_a_fine_tuned_runs_own_rope_scaling():
     model, T, w, k = tiny(n_layer=1, rope_scaling=yarn), 40, 6, 3
     seen = []
     with model.transformer.h[0].attn.attend.register_forward_hook(lambda m, inputs, out: seen.append((inputs, out))):
-        model(torch.randint(0, 50, (1, T)), method=Method(extend=(w, None), leak=k))
+        model(torch.randint(0, 50, (1, T)), method=PositionArgs(extend=(w, None), leak=k))
     (q, k_, v, *_), got = seen[0]
     theta, temperature = yarn_inv_freq(16, 10000.0, 4.0, 8), 0.1 * math.log(4.0) + 1
 

@@ -7,8 +7,9 @@ import torch
 from eval.methods import applicable, forward_args, unavailable
 from eval.score import score_rows
 from config import gpt_config
-from model import GPT, GPTConfig, KVCache
-from positions import Method, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
+from model import GPT, GPTConfig
+from sample import KVCache, generate
+from positions import PositionArgs, Positions, alibi_bias, alibi_slopes, sinusoidal_embedding
 
 L = 16
 
@@ -70,7 +71,7 @@ def test_logits_of_the_last_positions_only_are_those_of_the_full_forward():
 def test_causal_dynamic_equals_token_by_token_with_pre_rotation_key_cache(one_thread):
     model = sharpen(tiny(rope_scaling={"rope_type": "dynamic", "factor": 1.0}))
     idx = torch.randint(0, 97, (2, 4 * L))
-    causal, _ = model(idx, method=Method(causal_dynamic=True))
+    causal, _ = model(idx, method=PositionArgs(causal_dynamic=True))
     assert torch.allclose(causal, token_by_token(model, idx), atol=1e-4)
     # up to L it is the unscaled model; the sequence mode instead scales every token for length 4L
     assert torch.allclose(causal[:, :L], model(idx[:, :L])[0], atol=1e-5)
@@ -80,7 +81,7 @@ def test_causal_dynamic_equals_token_by_token_with_pre_rotation_key_cache(one_th
 def test_causal_dynamic_with_a_static_scaling_equals_the_plain_forward():
     model = tiny(rope_scaling={"rope_type": "yarn", "factor": 4.0})
     idx = torch.randint(0, 97, (1, 3 * L))
-    assert torch.allclose(model(idx, method=Method(causal_dynamic=True))[0], model(idx)[0], atol=1e-5)
+    assert torch.allclose(model(idx, method=PositionArgs(causal_dynamic=True))[0], model(idx)[0], atol=1e-5)
 
 
 def test_half_and_interleaved_models_agree_when_q_k_channels_are_permuted():
@@ -176,11 +177,11 @@ def test_alibi_biases_matter_and_run_past_the_training_length_and_through_the_ca
     idx = torch.randint(0, 97, (2, 4 * L))
     logits, _ = sharpen(alibi)(idx)
     assert torch.isfinite(logits).all() and not torch.allclose(logits, sharpen(nope)(idx)[0], atol=1e-3)
-    crop, _ = alibi(idx, method=Method(window=L))
+    crop, _ = alibi(idx, method=PositionArgs(window=L))
     assert torch.allclose(crop[:, :L], logits[:, :L], atol=1e-5) and not torch.allclose(crop, logits, atol=1e-3)
     cache = KVCache(alibi.config.n_layer)
-    head, _ = alibi(idx[:, :L], cache=cache, method=Method(window=L))
-    steps = [alibi(idx[:, t:t + 1], cache=cache, method=Method(window=L))[0] for t in range(L, 4 * L)]
+    head, _ = alibi(idx[:, :L], cache=cache, method=PositionArgs(window=L))
+    steps = [alibi(idx[:, t:t + 1], cache=cache, method=PositionArgs(window=L))[0] for t in range(L, 4 * L)]
     assert torch.allclose(torch.cat([head] + steps, dim=1), crop, atol=1e-5)
 
 
@@ -215,7 +216,7 @@ def test_a_few_steps_lower_the_loss_on_a_tiny_batch():
 
 
 def test_generate_extends_the_prompt():
-    out = tiny().generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=2 * L, top_k=5)
+    out = generate(tiny(), torch.zeros(1, 3, dtype=torch.long), max_new_tokens=2 * L, top_k=5)
     assert out.shape == (1, 3 + 2 * L) and out.max() < 97
 
 
@@ -226,12 +227,12 @@ def test_sinks_predict_as_streaming_llm_cache_that_evicts_and_reindexes(pos_emb)
     # that cache is a plain forward over those L tokens: the query's logits are that forward's last ones.
     model = sharpen(tiny(pos_emb=pos_emb, n_layer=1))
     idx, sinks = torch.randint(0, 97, (2, 4 * L)), 4
-    logits, _ = model(idx, method=Method(window=L, sinks=sinks))
+    logits, _ = model(idx, method=PositionArgs(window=L, sinks=sinks))
     for i in (L - 1, L, L + 3, 2 * L + 5, 4 * L - 1):
         cache = torch.cat((idx[:, :sinks], idx[:, max(sinks, i - L + sinks + 1):i + 1]), dim=1)
         assert torch.allclose(logits[:, i], model(cache)[0][:, -1], atol=1e-5), i
     # differs from the plain window (the sinks are seen) and from none (far keys are not)
-    assert not torch.allclose(logits, model(idx, method=Method(window=L))[0], atol=1e-3)
+    assert not torch.allclose(logits, model(idx, method=PositionArgs(window=L))[0], atol=1e-3)
     assert not torch.allclose(logits, model(idx)[0], atol=1e-3)
 
 
@@ -239,18 +240,18 @@ def test_sinks_predict_as_streaming_llm_cache_that_evicts_and_reindexes(pos_emb)
 def test_sinks_through_the_kv_cache_equal_the_full_forward(pos_emb, one_thread):
     model, idx = sharpen(tiny(pos_emb=pos_emb)), torch.randint(0, 97, (1, 3 * L))
     cache = KVCache(model.config.n_layer)
-    steps = torch.cat([model(idx[:, t:t + 1], cache=cache, method=Method(window=L, sinks=4))[0] for t in range(idx.size(1))], dim=1)
-    assert torch.allclose(steps, model(idx, method=Method(window=L, sinks=4))[0], atol=1e-5)
+    steps = torch.cat([model(idx[:, t:t + 1], cache=cache, method=PositionArgs(window=L, sinks=4))[0] for t in range(idx.size(1))], dim=1)
+    assert torch.allclose(steps, model(idx, method=PositionArgs(window=L, sinks=4))[0], atol=1e-5)
 
 
 def test_crop_is_truncation_in_scoring_and_in_generation_alike():
-    # one home: Method(crop=L) scores a long row as its last L tokens from position 0, and samples as nanoGPT does
+    # one home: PositionArgs(crop=L) scores a long row as its last L tokens from position 0, and samples as nanoGPT does
     model = tiny()
     crop = forward_args("crop", 4 * L, L, L)
-    assert crop == Method(crop=L)
+    assert crop == PositionArgs(crop=L)
     rows = torch.randint(0, 97, (2, 4 * L + 1)).numpy()
     assert (score_rows(model, rows, method=crop)[0] == score_rows(model, rows[:, -(L + 1):])[0]).all()
-    out = model.generate(torch.zeros(1, 3, dtype=torch.long), 2 * L, top_k=1, method=crop)
+    out = generate(model, torch.zeros(1, 3, dtype=torch.long), 2 * L, top_k=1, method=crop)
     idx = torch.zeros(1, 3, dtype=torch.long)
     with torch.no_grad():
         for _ in range(2 * L):

@@ -17,7 +17,7 @@ from lab.base_bound import smallest_base
 from lab.bound import first_negative, trained_freq
 from lab.probes import attention_entropy, attention_weights, pair_kind, recording_entropy, rotation_probe
 from model import GPT, GPTConfig
-from positions import Method, visible
+from positions import PositionArgs, visible
 from rope import apply_rope, rope_tables
 from runtime import model_from_checkpoint
 
@@ -196,8 +196,8 @@ def test_the_entropy_recorded_in_a_forward_matches_an_explicit_softmax():
 
 
 @pytest.mark.parametrize("method", [
-    Method(extend=(4, None)), Method(extend=(4, 2)), Method(extend=(4, None), leak=2), Method(window=8, sinks=2),
-    Method(rope_scaling={"rope_type": "dynamic", "factor": 1.0}, causal_dynamic=True), Method(logn_len=8)])
+    PositionArgs(extend=(4, None)), PositionArgs(extend=(4, 2)), PositionArgs(extend=(4, None), leak=2), PositionArgs(window=8, sinks=2),
+    PositionArgs(rope_scaling={"rope_type": "dynamic", "factor": 1.0}, causal_dynamic=True), PositionArgs(logn_len=8)])
 def test_the_entropy_probe_reads_every_way_of_attending(method):
     # ReRoPE, Self-Extend, leaky ReRoPE and exact causal dynamic scaling attend without SDPA: the probe reads them too,
     # and the weights it reads are the ones the attention applies

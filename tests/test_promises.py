@@ -11,7 +11,6 @@ import torch
 import data.shakespeare.prepare as shakespeare
 import data.sympy.prepare as sympy_prepare
 import data.text.prepare as text_prepare
-import model as model_module
 import sample
 import train
 from config import load_config
@@ -248,16 +247,18 @@ def test_a_report_without_protocol_is_one_line_in_compare(tmp_path):
 def test_out_of_memory_says_what_to_lower(dataset, tmp_path, monkeypatch):
     def oom(*a):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-    monkeypatch.setattr(train, "mix_retrieval", oom)
+    monkeypatch.setattr(train, "lr_at", oom)
     one_line(run_main(args(dataset, tmp_path)), "out of memory", "lower --batch_size")
 
 
 def test_ctrl_c_in_training_says_where_and_how_to_resume(dataset, tmp_path, monkeypatch, capsys):
     steps = iter(range(100))
-    def ctrl_c(*a):  # the 8th batch: iteration 7, after the checkpoint at 5
+    real = train.lr_at
+    def ctrl_c(*a):  # the 8th iteration's start: iteration 7, after the checkpoint at 5
         if next(steps) == 7:
             raise KeyboardInterrupt
-    monkeypatch.setattr(train, "mix_retrieval", ctrl_c)
+        return real(*a)
+    monkeypatch.setattr(train, "lr_at", ctrl_c)
     code, _, err = interrupted(train.main, args(dataset, tmp_path, eval_interval=5), capsys)
     assert code == 130 and err.strip() == ("train.py: interrupted at iter 7; resume with --init_from=resume "
                                            "(from its checkpoint at iter 5)")
@@ -267,12 +268,12 @@ def test_ctrl_c_in_training_says_where_and_how_to_resume(dataset, tmp_path, monk
 
 
 def test_sample_streams_its_text_and_keeps_it_on_ctrl_c(dataset, tmp_path, monkeypatch, capsys):
-    run, real, steps = tiny_run(tmp_path / "run", dataset), model_module.sample_next, iter(range(100))
+    run, real, steps = tiny_run(tmp_path / "run", dataset), sample.sample_next, iter(range(100))
     def stopping(*a):
         if next(steps) == 5:
             raise KeyboardInterrupt
         return real(*a)
-    monkeypatch.setattr(model_module, "sample_next", stopping)
+    monkeypatch.setattr(sample, "sample_next", stopping)
     code, out, err = interrupted(sample.main, [str(run), "--prompt", "the king", "--max_new_tokens", "50", "--device",
                                                "cpu"], capsys)
     assert code == 130 and "interrupted after 5 of 50 new tokens" in err

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 import train
 from common import UserError
-from eval.score import score_cropped
+from lab.crop import score_cropped
 from lab import protocols
 from model import GPT, GPTConfig
 from rope import rope_frequencies

@@ -169,9 +169,9 @@ def test_an_end_of_text_id_outside_the_tokenizer_is_one_line(tmp_path, eos):
     (model / "config.json").write_text(json.dumps({"eos_token_id": eos}))
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_text(" ".join(WORDS))
-    with pytest.raises(UserError, match=re.escape(f"the end-of-text id {eos:,} (config.json's eos_token_id, else "
-                                                  f"tokenizer_config.json's eos_token) is not one of its tokenizer's "
-                                                  f"{len(WORDS) + 1} ids (0..{len(WORDS)})")):
+    named = (re.escape(f"the end-of-text id {eos:,} is not a token of its tokenizer ({len(WORDS) + 1} ids)")
+             + "|" + re.escape(f"eos_token_id {eos} is not allowed: a token id >= 0"))  # the schema's, for a negative
+    with pytest.raises(UserError, match=named):
         prepare(tmp_path / "texts", out_dir=tmp_path / "data", tokenizer=model, workers=1)
     assert not (tmp_path / "data").exists()
 

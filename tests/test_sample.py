@@ -1,4 +1,4 @@
-"""sample.py and GPT.generate: cached decoding equals full forwards for every method, sampling, one-line errors."""
+"""sample.py and its generate: cached decoding equals full forwards for every method, sampling, one-line errors."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,8 @@ from data.tokenizer import EOT, gpt2_tokenizer
 from eval.methods import FIXED, forward_args
 from dataclasses import replace
 
-from model import GPT, GPTConfig, KVCache, sample_next
+from model import GPT, GPTConfig
+from sample import KVCache, generate, sample_next
 
 ROOT = Path(__file__).resolve().parents[1]
 L = 16
@@ -91,9 +92,9 @@ def test_generate_sees_the_logits_of_the_exact_causal_forward_and_top_k_1_takes_
     def record(logits, temperature, top_k):
         seen.append(logits.clone())
         return sample_next(logits, temperature, top_k)
-    monkeypatch.setattr("model.sample_next", record)
+    monkeypatch.setattr("sample.sample_next", record)
     kw, P = method_kwargs(method), L + L // 2
-    out = rope.generate(torch.randint(0, 97, (2, P)), 2 * L, temperature=2.0, top_k=1, method=kw)
+    out = generate(rope, torch.randint(0, 97, (2, P)), 2 * L, temperature=2.0, top_k=1, method=kw)
     with torch.no_grad():
         full, _ = rope(out, method=exact(method))  # causal: position t depends on tokens <= t only
     assert torch.allclose(torch.stack(seen, dim=1), full[:, P - 1:-1], atol=1e-4)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from config import load_config, model_config
-from model import KVCache
-from positions import Method
+from sample import KVCache
+from positions import PositionArgs
 from test_model import L, checked, sharpen, tiny  # pytest puts tests/ on the path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def test_ssmax_attention_is_softmax_of_s_h_log_n_times_the_scaled_scores(window)
     idx, out = torch.randint(0, 97, (2, T)), {}
     attn.register_forward_hook(lambda module, inputs, output: out.setdefault("y", output))
     with torch.no_grad():
-        model(idx, method=Method(window=window))
+        model(idx, method=PositionArgs(window=window))
         # by hand: query i sees the n_i keys j <= i (within the window); its logits are s_h * log(n_i) * q.k / sqrt(d)
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
         q, k, v = (t.view(2, T, H, D).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
@@ -56,7 +56,7 @@ def test_ssmax_starts_as_softmax_at_the_training_length_and_as_logn_past_it(pos_
     plain = tiny(pos_emb=pos_emb, n_layer=1)
     plain.load_state_dict({k: v for k, v in ssmax.state_dict().items() if not k.endswith("ssmax")})
     idx = torch.randint(0, 97, (2, 3 * L))
-    got, logn = ssmax(idx)[0], plain(idx, method=Method(logn_len=L))[0]
+    got, logn = ssmax(idx)[0], plain(idx, method=PositionArgs(logn_len=L))[0]
     assert torch.allclose(got[:, L - 1:], logn[:, L - 1:], atol=1e-5)
     assert not torch.allclose(got[:, :L - 1], logn[:, :L - 1], atol=1e-3)  # fewer keys: softer than softmax
 
@@ -85,7 +85,7 @@ def test_all_nope_layers_are_a_nope_model_and_no_nope_layer_is_a_rope_model():
     every = sharpen(tiny(nope_every=1))
     nope = same_weights(every, pos_emb="none")
     assert torch.allclose(every(idx)[0], nope(idx)[0], atol=1e-6)
-    assert torch.allclose(every(idx, method=Method(**PI))[0], nope(idx)[0], atol=1e-6)  # RoPE scaling: no RoPE layer to act on
+    assert torch.allclose(every(idx, method=PositionArgs(**PI))[0], nope(idx)[0], atol=1e-6)  # RoPE scaling: no RoPE layer to act on
     never = sharpen(tiny(nope_every=3))  # 2 layers: none is the 3rd
     assert torch.allclose(never(idx)[0], same_weights(never)(idx)[0], atol=1e-6)
 
@@ -111,10 +111,10 @@ def test_a_hybrid_is_a_rope_models_layer_then_a_nope_models_layer(rope_window, m
     rope, nope = same_weights(hybrid), same_weights(hybrid, pos_emb="none")
     idx, first = torch.randint(0, 97, (2, 3 * L)), {}
     rope.transformer.h[0].register_forward_hook(lambda module, inputs, output: first.setdefault("x", output))
-    rope_logits, _ = rope(idx, method=Method(**rope_args))
+    rope_logits, _ = rope(idx, method=PositionArgs(**rope_args))
     nope.transformer.h[0].register_forward_hook(lambda module, inputs, output: first["x"])  # replaces its layer 1
-    expected, _ = nope(idx, method=Method(**nope_args))
-    logits, _ = hybrid(idx, method=Method(**method))
+    expected, _ = nope(idx, method=PositionArgs(**nope_args))
+    logits, _ = hybrid(idx, method=PositionArgs(**method))
     assert torch.allclose(logits, expected, atol=1e-5)
     assert not torch.allclose(logits, rope_logits, atol=1e-3)  # layer 2 is not RoPE's
 
@@ -135,9 +135,9 @@ def test_a_rope_window_layer_predicts_from_its_last_rope_window_tokens():
 def test_hybrid_with_ssmax_through_the_kv_cache_equals_the_full_forward(method, one_thread):
     model = sharpen(tiny(n_layer=4, nope_every=2, rope_window=6, ssmax=True))
     idx = torch.randint(0, 97, (2, 3 * L))
-    full, _ = model(idx, method=Method(causal_dynamic="rope_scaling" in method and "sinks" not in method, **method))
+    full, _ = model(idx, method=PositionArgs(causal_dynamic="rope_scaling" in method and "sinks" not in method, **method))
     cache = KVCache(model.config.n_layer)
-    steps = torch.cat([model(idx[:, t:t + 1], cache=cache, method=Method(**method))[0] for t in range(idx.size(1))], dim=1)
+    steps = torch.cat([model(idx[:, t:t + 1], cache=cache, method=PositionArgs(**method))[0] for t in range(idx.size(1))], dim=1)
     assert torch.allclose(steps, full, atol=1e-5)
 
 

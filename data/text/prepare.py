@@ -204,10 +204,6 @@ def prepare(source, name=None, text_field="text", vocab_size=None, val_fraction=
     if enc and enc.eot_token is None:
         raise UserError(f"{tokenizer}: no end-of-text token (config.json's eos_token_id, "
                         "tokenizer_config.json's eos_token): documents need one between them")
-    if enc and not 0 <= enc.eot_token < enc.n_vocab:  # the corpus's dtype is sized by the tokenizer's ids
-        raise UserError(f"{tokenizer}: the end-of-text id {enc.eot_token:,} (config.json's eos_token_id, else "
-                        f"tokenizer_config.json's eos_token) is not one of its tokenizer's {enc.n_vocab:,} ids "
-                        f"(0..{enc.n_vocab - 1:,})")
     if enc:
         vocab_size = enc.n_vocab
     vocab_size = (VOCAB_SIZE if named else GPT2_VOCAB_SIZE) if vocab_size is None else vocab_size
