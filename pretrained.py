@@ -19,7 +19,7 @@ from config import gpt_config
 from data.dataset import check_tokenizer
 from data.tokenizer import folder_tokenizer
 from rope import ORIGINAL, scaling_type
-from runtime import claim_run_folder, run_files
+from runfolder import claim_run, run_files
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout"
@@ -269,7 +269,7 @@ def save(state, path):
 def convert(folder, out, dataset=None):
     """folder converted into the run folder out (out/ckpt.pt), once: a run already there is refused."""
     out = Path(out)
-    claim_run_folder(out, "pretrained", "one writer per run folder", "--out")
+    claim_run(out, "pretrained", "one writer per run folder", "--out")
     try:
         if held := run_files(out):
             raise UserError(f"{out} already holds a run ({', '.join(held)}): give another --out")

@@ -10,7 +10,8 @@ import torch
 from data.tokenizer import EOT, run_tokenizer
 from eval.methods import FIXED, forward_args, method_factor, unavailable
 from common import MAX_FACTOR, UserError, command_parser, parse_number, run_cli, shared_values
-from runtime import autocast, load_checkpoint, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import autocast, model_from_checkpoint
 
 
 SEPARATOR = "\n---------------\n"

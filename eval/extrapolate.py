@@ -17,7 +17,7 @@ from eval.methods import FIXED, forward_args, method_factor, parse_methods, spli
 from eval.score import choose_units, score_units, sliding_windows
 from eval.summary import bin_edges, curves, helped_tokens, per_unit, summarize
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
-                    unless_check, weights_id)
+                    unless_check)
 from rope import scaling_type
 from runtime import load_run
 from wandb_runs import extrapolation_metrics, log_results, ready_to_log
@@ -171,8 +171,7 @@ def log_wandb(report, ckpt, run_dir, png_path):
 
 
 def extrapolate(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
-    model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "extrapolation")  # before the computation: a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
     if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written

@@ -271,7 +271,7 @@ def pythia(tmp_path_factory):
 def test_held_out_text_is_tokenized_by_the_model_and_recorded_in_its_run(pythia):
     import hashlib
     from tokenizers import Tokenizer
-    model, ckpt, folder = load_run(pythia)
+    model, ckpt, folder, _ = load_run(pythia)
     meta = json.loads((folder / "meta.json").read_text())
     source = pythia.with_name("model") / "tokenizer.json"
     tok, sha = Tokenizer.from_file(str(source)), hashlib.sha256(source.read_bytes()).hexdigest()
