@@ -172,17 +172,21 @@ def json_text(obj, indent=None):
 
 # ----------------------------------------------------------------------------- the one lock system
 
-def open_locked(path, mode="a+"):
-    """path opened, holding its exclusive flock; None where another open file holds it. The lock is the operating
-    system's: it goes when the file is closed or its process ends. A lock file is never removed (a removed one
-    could be locked by two processes at once, one through the file it opened before the removal)."""
-    f = open(path, mode)
+def open_locked(path):
+    """path opened (emptied once held), holding its exclusive flock; None where another open file holds it, or where the file it
+    opened was removed meanwhile (release_outputs removes a lock only with a folder made for nothing: its
+    claimant is refused, not retried). The lock is the operating system's: it goes when the file is closed or
+    its process ends."""
+    f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
+        if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+            f.truncate(0)  # held: the last holder's name goes, for its holder's own
+            return f
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    f.close()
+    return None
 
 
 _CLAIMED = []  # (folder, lock path, its open file, folders made for it), released by run_cli, write_all, exit
@@ -226,7 +230,6 @@ def claim_output(folder, name, lock=None, in_use=None, option="--out", corpus=Fa
     if f is None:
         in_use = in_use or f"another command writes its {name} outputs there; wait, or give another {option}"
         raise UserError(f"{folder} is in use by {lock_holder(lock)} (its lock {lock}): {in_use}")
-    f.truncate(0)
     f.write(f"{Path(sys.argv[0]).name or 'python'} (process {os.getpid()})")  # whom a refused command names
     f.flush()
     _CLAIMED.append((folder, lock, f, made))
@@ -242,10 +245,13 @@ def lock_holder(lock):
 
 
 def release_outputs(folder=None):
-    """Release this process's output locks (of folder, or all); remove the folders made for no outputs."""
+    """Release this process's output locks (of folder, or all); remove the folders made for no outputs. A lock
+    file stays (one removed could be locked twice), but with a folder that it alone is in."""
     for item in [c for c in _CLAIMED if folder is None or c[0] == Path(folder)]:
         _CLAIMED.remove(item)
         _, lock, f, made = item
+        if lock.parent in made and [p.name for p in lock.parent.iterdir()] == [lock.name]:
+            lock.unlink()  # before the lock goes: a command that opened it meanwhile is refused (open_locked)
         f.close()
         with suppress(OSError):
             for p in made:
