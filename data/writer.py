@@ -173,12 +173,20 @@ def describe(value):
 def claim_corpus(out_dir, overwrite=False, **new):
     """out_dir held for one prepare.py at a time (common.claim_output; released when its meta.json is written), and
     refused, unless overwrite, if it holds a corpus prepared with other values of new (source, vocab_size,
-    val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+    val_fraction), or data files that no meta.json vouches for (another tool's, as nanoGPT's meta.pkl and .bin
+    files): the runs trained on them would be left without their data, or scored on their training text."""
     claim_output(out_dir, "prepare", option="prepare.py --out_dir (train.py: --dataset=DIR, absolute)", corpus=True)
+    if not (Path(out_dir) / "meta.json").exists():  # nothing prepared there, or another tool's data
+        others = sorted(p.name for p in Path(out_dir).iterdir() if p.name in DATA_FILES or p.suffix in (".bin", ".pkl"))
+        if others and not overwrite:
+            raise UserError(f"{out_dir} holds data files that no meta.json describes ({', '.join(others)}): another "
+                            "tool's, or a preparation stopped half way; pass --overwrite to replace them, or prepare "
+                            "into another folder")
+        return
     try:
         old = json.loads((Path(out_dir) / "meta.json").read_text())
     except (OSError, ValueError):
-        return  # nothing prepared there, or damaged: preparing it again is its fix
+        return  # damaged: preparing it again is its fix
     def change(k, was, now):
         return f"{k} {describe(was)}, " + ("its contents changed" if describe(was) == describe(now) else f"not {describe(now)}")
     differ = [change(k, old.get(k), v) for k, v in new.items()

@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 from common import UserError
 from data.dataset import get_rows
 from pretrained import convert
-from runtime import load_checkpoint, load_run, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import load_run, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=320,
@@ -194,6 +195,24 @@ def test_a_run_is_converted_once_and_a_model_folder_given_as_a_run_says_so(tmp_p
     with pytest.raises(UserError, match=r"converted with no held-out text: python data/text/prepare.py SOURCE "
                                         r"--name NAME --tokenizer .*, then python pretrained.py .* --dataset NAME"):
         load_run(run)
+
+
+def test_a_conversion_into_a_folder_whose_overwrite_was_stopped_loses_no_run(tmp_path, dataset):
+    # issue 61: a run, an --overwrite=True of it killed before its first checkpoint, a conversion there, a training there
+    import train
+    from runfolder import replaced
+    from test_safety import one_line
+    from test_train import args, run_main
+    run = tmp_path / "a"
+    train.main(args(dataset, run))
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    run.rename(replaced(run))
+    run.mkdir()
+    hf_model(tmp_path / "m", "llama")
+    with pytest.raises(UserError, match=r"a already holds a run \(ckpt.pt, log.jsonl\): give another --out"):
+        convert(tmp_path / "m", run)
+    one_line(run_main(args(dataset, run)), "already holds a run")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before and not replaced(run).exists()
 
 
 def test_a_failed_write_is_one_line_and_leaves_no_run(tmp_path, monkeypatch):

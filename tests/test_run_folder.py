@@ -100,6 +100,17 @@ def test_an_overwrite_killed_after_its_first_checkpoint_keeps_the_new_run(datase
     assert tree(run) == new and not runfolder.replaced(run).exists()
 
 
+def test_a_checkpoint_that_is_not_the_overwrites_new_run_never_replaces_the_run_that_waits(dataset, tmp_path):
+    run, other = tmp_path / "run", tmp_path / "other"
+    before = kept_run(dataset, run)
+    run.rename(runfolder.replaced(run))  # an --overwrite=True killed before its first checkpoint
+    run.mkdir()
+    train.main(args(dataset, other, max_iters=2, eval_interval=2))
+    shutil.copy(other / "ckpt.pt", run / "ckpt.pt")  # then a checkpoint put there otherwise (by hand, say)
+    one_line(run_main(args(dataset, run)), "is not the first checkpoint of the --overwrite=True", "move one of the two")
+    assert tree(runfolder.replaced(run)) == before and tree(run) == {"ckpt.pt": (other / "ckpt.pt").read_bytes()}
+
+
 def test_an_overwrite_never_removes_a_kept_checkpoint_being_trained_in(dataset, tmp_path):
     run = tmp_path / "run"
     before = kept_run(dataset, run)
