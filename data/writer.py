@@ -129,6 +129,8 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     meta = dict(tokenizer=getattr(enc, "identity", "gpt2"),  # a model's: its tokenizer.json's sha256
                 vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
                 files=files, val_fraction=val_fraction, seed=seed, **wide)
+    if text := getattr(enc, "text", None):  # a model's tokenizer.json: what decodes a run trained on this text
+        write_atomic(out_dir / "tokenizer.json", lambda f: f.write(text.encode()))
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
     release_outputs(out_dir)
     return meta
