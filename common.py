@@ -173,10 +173,10 @@ def json_text(obj, indent=None):
 # ----------------------------------------------------------------------------- the one lock system
 
 def open_locked(path):
-    """path opened (emptied once held), holding its exclusive flock; None where another open file holds it, or where the file it
-    opened was removed meanwhile (release_outputs removes a lock only with a folder made for nothing: its
-    claimant is refused, not retried). The lock is the operating system's: it goes when the file is closed or
-    its process ends."""
+    """path opened (emptied once held), holding its exclusive flock; None where another open file holds it, or
+    where the file it opened was removed meanwhile (release_outputs removes an output folder's lock as it ends:
+    the command that opened it then is refused, not retried). The lock is the operating system's: it goes when the
+    file is closed or its process ends."""
     f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -246,12 +246,12 @@ def lock_holder(lock):
 
 def release_outputs(folder=None):
     """Release this process's output locks (of folder, or all); remove the folders made for no outputs. A lock
-    file stays (one removed could be locked twice), but with a folder that it alone is in."""
+    inside the folder it guards goes with it (the folder holds outputs only); a run folder's, beside it, stays."""
     for item in [c for c in _CLAIMED if folder is None or c[0] == Path(folder)]:
         _CLAIMED.remove(item)
-        _, lock, f, made = item
-        if lock.parent in made and [p.name for p in lock.parent.iterdir()] == [lock.name]:
-            lock.unlink()  # before the lock goes: a command that opened it meanwhile is refused (open_locked)
+        claimed, lock, f, made = item
+        if lock.parent == claimed:
+            lock.unlink(missing_ok=True)  # before the lock goes: one who opened it meanwhile is refused (open_locked)
         f.close()
         with suppress(OSError):
             for p in made:

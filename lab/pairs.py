@@ -78,7 +78,7 @@ def load_runs(paths, device):
     if len(shared) > 1 or next(iter(shared))[4] != "rope":
         raise UserError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
                          f"data, head size, base, pos_emb) {sorted(shared)}")
-    return [m for m, _, _ in loaded], loaded[0][1], loaded[0][2]
+    return [m for m, _, _, _ in loaded], loaded[0][1], loaded[0][2]
 
 
 def copies_inside(models, tokens, docs, L, args, vocab):
