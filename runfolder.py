@@ -1,14 +1,6 @@
-"""The run folder (docs/reference.md, "The run folder"): what a training or a conversion writes into out_dir, and
-what it promises. The loop calls it three times: open_out_dir, save_checkpoint, and the end of open_out_dir's block.
-
-- One writer at a time: the operating system's lock on .<name>.lock beside the folder (gone with its process; the
-  file stays), taken through common.claim_output like every output lock.
-- A checkpoint is written whole (a temp file renamed over ckpt.pt) and read once: hashed and loaded from one open
-  file, so the weights_id a result records names the weights it read.
-- --overwrite=True moves the old run aside whole, into .<name>.replaced, until the new run's first checkpoint; every
-  command that writes a run folder settles a run left waiting so (settle_replaced) before it looks at the folder.
-- A kept checkpoint (iter_<n>/) is a run folder of its own, never written again.
-- A resume continues only what its checkpoint was trained from; a fine-tune records where it started (origin)."""
+"""The run folder a training or a conversion writes (docs/reference.md, "Training"): one writer at a time, checkpoints
+written whole and read once (hashed and loaded from one open file), --overwrite=True, kept checkpoints, resume and
+fine-tune provenance. train.py calls it to open out_dir, to save a checkpoint, and at the end of open_out_dir's block."""
 import io
 import json
 import os

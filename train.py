@@ -30,21 +30,21 @@ from wandb_runs import open_run
 
 @dataclass
 class Training:
-    """What the loop's evaluations and checkpoints read: the model, its optimizer and data, and where they go."""
+    """What the loop's evaluations and checkpoints read (rank 0 evaluates and writes)."""
     config: dict
-    model: GPT  # the raw model, not compiled or DDP-wrapped: what a checkpoint holds
+    model: GPT  # the raw model (not compiled, not DDP's): what a checkpoint holds
     optimizer: torch.optim.Optimizer
-    meta: dict  # the data's meta.json
-    splits: dict  # {"train": tokens, "val": tokens}
-    copy_vocab: int  # how many ids retrieval rows draw from (retrieval_mix)
-    rng: np.random.Generator  # the batches' draws: saved, so that a resume draws on
-    origin: dict | None  # a fine-tune's starting checkpoint
-    log: list  # one dict per evaluation, as in log.jsonl
+    meta: dict
+    splits: dict
+    copy_vocab: int
+    rng: np.random.Generator
+    origin: dict | None
+    log: list
     out_dir: Path
-    ctx: object  # the forward pass's autocast context
+    ctx: object
     device: str
     wandb: object | None
-    master: bool  # rank 0: evaluates and writes
+    master: bool
     ddp: bool
 
 
