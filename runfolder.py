@@ -110,19 +110,21 @@ def claim_run(out_dir, writer, in_use, option):
     settle_replaced(Path(out_dir))
 
 
-def settle_replaced(out_dir):
-    """Finish an --overwrite=True from the two whole folders (each step is one rename or one removal, so a kill
-    leaves one of these states). The new run has its first checkpoint: the old run goes. Else (the new run failed,
-    was refused or was killed) the new folder goes and the old one is renamed back. A ckpt.pt that is not the new
-    run's (put there by hand) decides nothing: both are kept, and the command refused."""
+def settle_replaced(out_dir, finish=False):
+    """Settle an --overwrite=True from the two whole folders (each step is one rename or one removal, so a kill
+    leaves one of these states). The new run has no checkpoint (it failed, was refused or was killed): the new
+    folder goes and the old one is renamed back. It has its first: the old run goes, but only when finish (a
+    command past its own refusals writes there), never in a command that is then refused. A ckpt.pt that is not
+    the new run's (put there by hand) decides nothing: both are kept, and the command (its claim) refused."""
     old = replaced(out_dir)
     if not old.exists():
         return
     if (out_dir / "ckpt.pt").exists():  # written atomically: there means complete
-        if not overwrote(out_dir):
+        if finish:  # checked by this command's claim already
+            shutil.rmtree(old)
+        elif not overwrote(out_dir):
             raise UserError(f"{out_dir}/ckpt.pt is not the first checkpoint of the --overwrite=True that moved the run "
                             f"there into {old}, which waits to come back: move one of the two elsewhere")
-        shutil.rmtree(old)
         return
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -162,6 +164,7 @@ def replace_run(out_dir, config):
             if (it := trained_on(kept)) > int(kept.name[len(KEPT):]):
                 raise UserError(f"{kept} was trained on to iter {it} (a run of its own now): "
                                 f"--overwrite=True would remove it with {out_dir}; move it out first")
+        settle_replaced(out_dir, finish=True)  # a run an earlier overwrite replaced already, for this one's place
         os.rename(out_dir, replaced(out_dir))
     finally:
         for kept in held:
@@ -221,7 +224,7 @@ def save_checkpoint(out_dir, state, keep=False):
     except OSError as e:
         raise OSError(f"cannot write {path} at iter {iter_num} ({e.strerror or e}): the checkpoint there is kept as "
                       f"it was; free some space and resume with --init_from=resume") from None
-    settle_replaced(out_dir)
+    settle_replaced(out_dir, finish=True)
     if keep:
         keep_checkpoint(out_dir, iter_num, state["log"])
 

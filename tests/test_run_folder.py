@@ -97,7 +97,9 @@ def test_an_overwrite_killed_after_its_first_checkpoint_keeps_the_new_run(datase
     (runfolder.replaced(run) / "iter_5" / "ckpt.pt").unlink()
     new = tree(run)
     one_line(run_main(args(dataset, run, max_iters=10)), "already holds a run")
-    assert tree(run) == new and not runfolder.replaced(run).exists()
+    assert tree(run) == new and runfolder.replaced(run).exists()  # a refused command removes nothing
+    train.main(args(dataset, run, max_iters=15, eval_interval=5, keep_iters="(5,)", init_from="resume"))
+    assert weights(run)["iter_num"] == 15 and not runfolder.replaced(run).exists()  # one that writes settles it
 
 
 def test_a_checkpoint_that_is_not_the_overwrites_new_run_never_replaces_the_run_that_waits(dataset, tmp_path):
