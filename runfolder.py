@@ -31,6 +31,21 @@ def read_checkpoint(path, device="cpu"):
     """(checkpoint, weights_id) of a ckpt.pt written by train.py or pretrained.py (path: the file or its run folder),
     hashed and loaded from one open file: a checkpoint written meanwhile is renamed over the path, and this file
     keeps the bytes it had, so the id names the weights loaded."""
+    path = checkpoint_file(path)
+    with open(path, "rb") as f:
+        weights = digest_id(f)
+        f.seek(0)
+        return checked_load(f, path, device), weights
+
+
+def load_checkpoint(path, device="cpu"):
+    """read_checkpoint's checkpoint alone, not hashed: for what it records, not for a result."""
+    path = checkpoint_file(path)
+    return checked_load(path, path, device)
+
+
+def checkpoint_file(path):
+    """The ckpt.pt of path (the file or its run folder); where there is none, a one-line error saying why."""
     run = Path(path).parent if Path(path).suffix == ".pt" else Path(path)
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
     if not path.exists() and replaced(run).is_dir():
@@ -42,14 +57,7 @@ def read_checkpoint(path, device="cpu"):
                         f"--out out/{run.name} --dataset NAME, and read out/{run.name}")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}; train one first: python train.py configs/rope_small.py")
-    with open(path, "rb") as f:
-        weights = digest_id(f)
-        f.seek(0)
-        return checked_load(f, path, device), weights
-
-
-def load_checkpoint(path, device="cpu"):
-    return read_checkpoint(path, device)[0]
+    return path
 
 
 def checked_load(source, path, device, mmap=False):
@@ -72,7 +80,8 @@ def checked_load(source, path, device, mmap=False):
 
 def peek_checkpoint(folder):
     """folder's checkpoint with its tensors left on disk (mmap): what it records, read cheaply."""
-    return checked_load(Path(folder) / "ckpt.pt", Path(folder) / "ckpt.pt", "cpu", mmap=True)
+    path = checkpoint_file(folder)
+    return checked_load(path, path, "cpu", mmap=True)
 
 
 def checkpoint_config(ckpt):
@@ -141,7 +150,7 @@ def overwrote(out_dir):
 
 def trained_on(kept):
     """The last iteration in a kept checkpoint's log: past its own, it was resumed in place (a run of its own)."""
-    with suppress(OSError, ValueError, KeyError, TypeError):
+    with suppress(OSError, ValueError, KeyError, TypeError, IndexError):  # no log, or not one of train.py's
         return json.loads((kept / "log.jsonl").read_text().splitlines()[-1])["iter"]
     return int(kept.name[len(KEPT):])
 
