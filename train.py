@@ -195,8 +195,9 @@ def train(config):
             print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
         wandb_run = open_run(config, out_dir, new=config["init_from"] != "resume") if master and config["wandb_log"] else None
-        training = Training(config, raw_model, optimizer, meta, splits, copy_vocab, rng, origin, log, out_dir, ctx, device,
-                            wandb_run, master, ddp)
+        training = Training(config=config, model=raw_model, optimizer=optimizer, meta=meta, splits=splits,
+                            copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx, device=device,
+                            wandb=wandb_run, master=master, ddp=ddp)
 
         # ------------------------------------------------------------------ the loop
         t0, timed_from = time.time(), iter_num
