@@ -19,10 +19,10 @@ from rope import ORIGINAL, ROPE_TYPES, scaling_type
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
 RESUME_KEYS = ("optimizer", "best_val_loss", "rng", "log")  # what a resume needs beyond the weights
 # how a run runs, not what it learns: the keys a resume or a study's reuse may change
-HOW_KEYS = ("out_dir", "init_from", "overwrite", "device", "dtype", "compile", "log_interval", "eval_interval",
+RUNNING_KEYS = ("out_dir", "init_from", "overwrite", "device", "dtype", "compile", "log_interval", "eval_interval",
             "eval_iters", "keep_iters", "wandb_log", "wandb_project", "wandb_run_name", "wandb_group")
 LONGER_KEYS = ("max_iters", "lr_decay_iters")  # how long it trains: a resume may train on further
-KEPT = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, a run folder of its own
+KEPT_PREFIX = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, a run folder of its own
 
 
 # ----------------------------------------------------------------------------- reading a checkpoint
@@ -108,7 +108,7 @@ def run_files(out_dir):
 
 
 def kept_folders(out_dir):
-    return sorted(p for p in Path(out_dir).glob(KEPT + "*") if p.name[len(KEPT):].isdecimal() and p.is_dir())
+    return sorted(p for p in Path(out_dir).glob(KEPT_PREFIX + "*") if p.name[len(KEPT_PREFIX):].isdecimal() and p.is_dir())
 
 
 def claim_run(out_dir, writer, in_use, option):
@@ -152,7 +152,7 @@ def trained_on(kept):
     """The last iteration in a kept checkpoint's log: past its own, it was resumed in place (a run of its own)."""
     with suppress(OSError, ValueError, KeyError, TypeError, IndexError):  # no log, or not one of train.py's
         return json.loads((kept / "log.jsonl").read_text().splitlines()[-1])["iter"]
-    return int(kept.name[len(KEPT):])
+    return int(kept.name[len(KEPT_PREFIX):])
 
 
 def replace_run(out_dir, config):
@@ -165,18 +165,18 @@ def replace_run(out_dir, config):
     if others := sorted(p.name for p in out_dir.iterdir() if p.is_dir() and p not in kept_folders(out_dir)):
         raise UserError(f"{out_dir} holds folders besides its run's ({', '.join(others)}): --overwrite=True "
                         f"replaces the folder whole; give the new run a folder of its own")
-    held = kept_folders(out_dir)
+    kept_runs = kept_folders(out_dir)
     try:
-        for kept in held:
+        for kept in kept_runs:
             claim_output(kept, "train", lock=lock_of(kept), option="--out_dir", in_use=f"--overwrite=True would "
                          f"remove it with {out_dir}; wait for it to end")
-            if (it := trained_on(kept)) > int(kept.name[len(KEPT):]):
+            if (it := trained_on(kept)) > int(kept.name[len(KEPT_PREFIX):]):
                 raise UserError(f"{kept} was trained on to iter {it} (a run of its own now): "
                                 f"--overwrite=True would remove it with {out_dir}; move it out first")
         settle_replaced(out_dir, finish=True)  # a run an earlier overwrite replaced already, for this one's place
         os.rename(out_dir, replaced(out_dir))
     finally:
-        for kept in held:
+        for kept in kept_runs:
             release_outputs(kept)
     out_dir.mkdir()
 
@@ -191,13 +191,13 @@ def open_out_dir(config):
         raise UserError(f"out_dir {out_dir} is a file: choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
     claim_run(out_dir, "train", "one training per out_dir", "--out_dir")
     try:
-        held = run_files(out_dir) + [p.name for p in kept_folders(out_dir)]
-        if config["init_from"] != "resume" and held:
+        existing = run_files(out_dir) + [p.name for p in kept_folders(out_dir)]
+        if config["init_from"] != "resume" and existing:
             if not config["overwrite"]:
-                raise UserError(f"{out_dir} already holds a run ({', '.join(held)}): {go_on(out_dir)}replace it "
+                raise UserError(f"{out_dir} already holds a run ({', '.join(existing)}): {go_on(out_dir)}replace it "
                                 "with --overwrite=True")
             replace_run(out_dir, config)
-        if files := [f"{KEPT}{n}" for n in config["keep_iters"] if (out_dir / f"{KEPT}{n}").is_file()]:
+        if files := [f"{KEPT_PREFIX}{n}" for n in config["keep_iters"] if (out_dir / f"{KEPT_PREFIX}{n}").is_file()]:
             raise UserError(f"{out_dir / files[0]} is a file, where keep_iters keeps a checkpoint: move it, "
                             f"or keep other iterations")
         yield out_dir
@@ -247,7 +247,7 @@ def keep_checkpoint(out_dir, iter_num, log):
     """out_dir's checkpoint and log at iter_num as out_dir/iter_<n>/, a run folder of its own (evaluate it,
     resume it in place), built under a temporary name and renamed whole. Never written again once there: a
     resume of out_dir passing iter_num again leaves it as it is (a run may have trained on in it)."""
-    folder = out_dir / f"{KEPT}{iter_num}"
+    folder = out_dir / f"{KEPT_PREFIX}{iter_num}"
     if folder.exists():
         print(f"{folder} is kept already: a kept checkpoint is never written again")
         return
@@ -267,14 +267,14 @@ def data_identity(meta):
                 sha256={name: meta["files"][name]["sha256"] for name in ("train.bin", "val.bin")})
 
 
-def provenance_changes(ckpt, config, meta, free=HOW_KEYS):
+def provenance_changes(ckpt, config, meta, ignored=RUNNING_KEYS):
     """What differs between what a checkpoint was trained from and config on meta's data (None: not compared), as
-    'key=recorded (now ...)' each: every config key but free, the data's contents (not only its folder's name) and the
+    'key=recorded (now ...)' each: every config key but ignored, the data's contents (not only its folder's name) and the
     init source. A key newer than the checkpoint was trained as its default; the training length a fine-tune's
     rope_scaling took from its origin (start_checkpoint) counts as given."""
     recorded, changes = ckpt["config"], []
     sha = (ckpt.get("data") or {}).get("sha256")  # older checkpoints: the dataset by its name only
-    for key in (k for k in DEFAULTS if k not in free and not (k == "dataset" and sha and meta)):
+    for key in (k for k in DEFAULTS if k not in ignored and not (k == "dataset" and sha and meta)):
         was, now = recorded.get(key, DEFAULTS[key]), config[key]
         if key == "rope_scaling" and isinstance(was, dict) and isinstance(now, dict) and ORIGINAL not in now:
             was = {k: v for k, v in was.items() if k != ORIGINAL}
@@ -292,39 +292,39 @@ def start_checkpoint(config, meta, device):
     """(init_from's checkpoint, origin): out_dir's to resume (matching this run) or a run's to fine-tune (FINETUNE_KEYS
     may differ, and pos_emb from rope to none: DroPE). A scaling that needs the original length and lacks it takes
     the checkpoint's train_len (model.py would take block_size)."""
-    tune = config["init_from"] != "resume"
-    path = config["init_from"] if tune else Path(config["out_dir"])
+    fine_tune = config["init_from"] != "resume"
+    path = config["init_from"] if fine_tune else Path(config["out_dir"])
     ckpt, weights = read_checkpoint(path, device)
-    if not tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):  # weights only, as tests/assets/copier.pt
+    if not fine_tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):  # weights only, as tests/assets/copier.pt
         raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only, "
                         f"a converted model's, or an older train.py's); fine-tune from it instead: "
                         f"--init_from={path}/ckpt.pt --out_dir=<a new folder>")
-    if not tune and config["max_iters"] < (done := ckpt["iter_num"]):
+    if not fine_tune and config["max_iters"] < (done := ckpt["iter_num"]):
         raise UserError(f"max_iters={config['max_iters']} is below the iteration of {path}/ckpt.pt ({done}): "
                         f"a resume trains on from there; give --max_iters={done} or more")
     args, origin, scaling = ckpt["model_args"], ckpt.get("origin"), config["rope_scaling"]
     train_len = checkpoint_config(ckpt).train_len  # the original training length: the first run's, through fine-tunes
-    if tune:
+    if fine_tune:
         origin = dict(init_from=config["init_from"], iter_num=ckpt["iter_num"], train_len=train_len,
                       pos_emb=(origin or {}).get("pos_emb") or args["pos_emb"], weights_id=weights)
     # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load as they are
-    drope = tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
+    drope = fine_tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
     if origin and scaling and ORIGINAL in ROPE_TYPES[scaling_type(scaling)].required and ORIGINAL not in scaling:
         config["rope_scaling"] = {**scaling, ORIGINAL: train_len}
         print(f"rope_scaling: {ORIGINAL}={train_len}, the original training length")
     # a key newer than the checkpoint: it was trained as its default (a new key's default is the old behaviour)
     differ = [f"{k}={args.get(k, DEFAULTS[k])!r} (config: {config[k]!r})" for k in MODEL_KEYS
-              if not (tune and k in FINETUNE_KEYS or drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
+              if not (fine_tune and k in FINETUNE_KEYS or drope and k in DROPE_KEYS) and args.get(k, DEFAULTS[k]) != config[k]]
     if args["vocab_size"] != meta["vocab_size"]:
         differ.append(f"vocab_size={args['vocab_size']} (data/{config['dataset']}: {meta['vocab_size']})")
-    if tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
+    if fine_tune and config["pos_emb"] == "learned" and args["block_size"] != config["block_size"]:
         differ.append(f"block_size={args['block_size']} (config: {config['block_size']}; a learned table cannot change size)")
-    if not tune and not differ and (changed := provenance_changes(ckpt, config, meta, HOW_KEYS + LONGER_KEYS + MODEL_KEYS)):
+    if not fine_tune and not differ and (changed := provenance_changes(ckpt, config, meta, RUNNING_KEYS + LONGER_KEYS + MODEL_KEYS)):
         raise UserError(f"checkpoint {path}/ckpt.pt was trained otherwise: {'; '.join(changed)}; a resume may change only "
                         f"{' and '.join(LONGER_KEYS)} and how it runs (device, logging, ...); to train on otherwise, "
                         f"fine-tune from it into a new --out_dir")
     if differ:
         raise UserError(f"init_from={path}: the checkpoint does not match this run ({'; '.join(differ)}); a fine-tune "
-                         f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if tune else
+                         f"may change only {', '.join(FINETUNE_KEYS)}, and pos_emb from 'rope' to 'none' (DroPE)" if fine_tune else
                          f"checkpoint {path}/ckpt.pt does not match this run: {'; '.join(differ)}")
     return ckpt, origin

@@ -36,7 +36,7 @@ from lab.family import decide, declare
 from lab.pages import generated, interval_text, verdict, write_page
 from lab.stats import LEVEL, documents, interval
 from rope import ORIGINAL
-from runfolder import KEPT, load_checkpoint
+from runfolder import KEPT_PREFIX, load_checkpoint
 from runtime import load_run
 
 RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method that scales the same way past it)
@@ -123,7 +123,7 @@ def recipe_of(run):
 
 def checkpoints(run):
     """{iteration: folder} of a run's kept checkpoints."""
-    return {int(p.name[len(KEPT):]): p for p in run.glob(KEPT + "*") if (p / "ckpt.pt").is_file()}
+    return {int(p.name[len(KEPT_PREFIX):]): p for p in run.glob(KEPT_PREFIX + "*") if (p / "ckpt.pt").is_file()}
 
 
 def collect(folder, seeds):
