@@ -113,5 +113,5 @@ def run_tokenizer(ckpt):
         if {"tokenizer.json": hashlib.sha256(text.encode()).hexdigest()} == identity:
             return ModelTokenizer(text, json.loads((folder / "meta.json").read_text())["eot_token"], folder / "tokenizer.json")
     raise UserError(f"the run was trained on text tokenized with {identity}, and {folder} holds no tokenizer.json of "
-                    f"that sha256 to encode and decode with: prepare its text again with --tokenizer MODEL_DIR (the "
-                    "model whose tokenizer it was), which keeps the tokenizer beside the data")
+                    "that sha256 to encode and decode with: run the command that prepared it again (data/text/prepare.py "
+                    "... --tokenizer MODEL_DIR): it keeps the model's tokenizer.json beside the data, the data unchanged")

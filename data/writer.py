@@ -23,10 +23,13 @@ CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of abou
 
 
 def is_prepared(out_dir, **expected):
-    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any)."""
+    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any); a
+    model tokenizer's corpus holds that tokenizer.json too (what decodes a run trained on it)."""
     with suppress(OSError, ValueError):  # compared through JSON: tuples vs lists or int keys are no mismatch
         remove_leftovers(out_dir)  # a killed preparation's temporary files: the one it re-prepares would replace them
         meta = load_meta(out_dir)
+        if isinstance(meta["tokenizer"], dict) and not (Path(out_dir) / "tokenizer.json").is_file():
+            return False
         return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
     return False
 

@@ -342,12 +342,13 @@ def test_a_trained_runs_tokenizer_is_part_of_its_identity(pythia, tmp_path):
     torch.save(ckpt, tmp_path / "moved" / "ckpt.pt")
     with pytest.raises(UserError, match=r"tokenized with gpt2, not .*moved's tokenizer.json: its ids would mean other"):
         load_run(tmp_path / "moved")
-    (model_data / "tokenizer.json").rename(tmp_path / "kept.json")  # a corpus prepared before it was kept there
-    try:
-        with pytest.raises(UserError, match="holds no tokenizer.json of that sha256"):
-            run_tokenizer(load_checkpoint(tmp_path / "run"))
-    finally:
-        (tmp_path / "kept.json").rename(model_data / "tokenizer.json")
+    (model_data / "tokenizer.json").unlink()  # a corpus prepared before the tokenizer was kept beside its data
+    before = {name: (model_data / name).read_bytes() for name in ("train.bin", "val.bin")}
+    with pytest.raises(UserError, match="holds no tokenizer.json of that sha256"):
+        run_tokenizer(load_checkpoint(tmp_path / "run"))
+    prepare(text, val_fraction=0.25, tokenizer=pythia.with_name("model"), workers=1, out_dir=model_data)  # its fix
+    assert {name: (model_data / name).read_bytes() for name in before} == before
+    assert run_tokenizer(load_checkpoint(tmp_path / "run")).decode(ids) == words
 
 
 def test_every_command_reads_a_model_folder_with_every_method(pythia, tmp_path):
