@@ -173,20 +173,21 @@ def json_text(obj, indent=None):
 
 # ----------------------------------------------------------------------------- the one lock system
 
-def open_locked(path, mode="a+", wait=False):
-    """path opened, holding its exclusive flock; None where another open file holds it (wait: until it is
-    free). The lock is the operating system's: it goes when the file is closed or its process ends."""
-    while True:
-        f = open(path, mode)
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            f.close()
-            return None
-        with suppress(FileNotFoundError):
-            if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
-                return f
-        f.close()  # its holder removed it as we opened it: lock the file at path now
+def open_locked(path):
+    """path opened (emptied once held), holding its exclusive flock; None where another open file holds it, or
+    where the file it opened was removed meanwhile (release_outputs removes an output folder's lock as it ends:
+    the command that opened it then is refused, not retried). The lock is the operating system's: it goes when the
+    file is closed or its process ends."""
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+            f.truncate(0)  # held: the last holder's name goes, for its holder's own
+            return f
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    f.close()
+    return None
 
 
 _CLAIMED = []  # (folder, lock path, its open file, folders made for it), released by run_cli, write_all, exit
@@ -206,10 +207,10 @@ def source_folder(folder, corpus=False):
 
 
 def claim_output(folder, name, lock=None, in_use=None, option="--out", corpus=False):
-    """Make folder and hold the lock folder/.<name>.lock (or lock) until the command ends. A second command
-    writing the same outputs there meanwhile is refused (in_use: what its error says). A folder that cannot be
-    written, or one of the repository's own (source_folder; corpus: prepare.py's data/<name>), fails now, not
-    after the whole computation. option: the option that names the folder, for the advice."""
+    """Make folder and hold the lock folder/.<name>.lock (or lock) until the command ends: the one way into the
+    project's locks. A second command writing the same outputs there meanwhile is refused (in_use: what its error
+    says). A folder that cannot be written, or one of the repository's own (source_folder; corpus: prepare.py's
+    data/<name>), fails now, not after the whole computation. option: the option that names the folder."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"output folder {folder} is a file: choose another {option}")
@@ -230,7 +231,6 @@ def claim_output(folder, name, lock=None, in_use=None, option="--out", corpus=Fa
     if f is None:
         in_use = in_use or f"another command writes its {name} outputs there; wait, or give another {option}"
         raise UserError(f"{folder} is in use by {lock_holder(lock)} (its lock {lock}): {in_use}")
-    f.truncate(0)
     f.write(f"{Path(sys.argv[0]).name or 'python'} (process {os.getpid()})")  # whom a refused command names
     f.flush()
     _CLAIMED.append((folder, lock, f, made))
@@ -246,12 +246,13 @@ def lock_holder(lock):
 
 
 def release_outputs(folder=None):
-    """Release this process's output locks (of folder, or all); remove folders made for no outputs."""
+    """Release this process's output locks (of folder, or all); remove the folders made for no outputs. A lock
+    inside the folder it guards goes with it (the folder holds outputs only); a run folder's, beside it, stays."""
     for item in [c for c in _CLAIMED if folder is None or c[0] == Path(folder)]:
         _CLAIMED.remove(item)
-        _, lock, f, made = item
-        with suppress(OSError):
-            lock.unlink()  # before the lock goes: nobody else can hold it now
+        claimed, lock, f, made = item
+        if lock.parent == claimed:
+            lock.unlink(missing_ok=True)  # before the lock goes: one who opened it meanwhile is refused (open_locked)
         f.close()
         with suppress(OSError):
             for p in made:
@@ -266,12 +267,22 @@ os.register_at_fork(after_in_child=_CLAIMED.clear)  # a forked worker holds no c
 
 def remove_leftovers(folder):
     """Remove the temporary files in folder (atomic's, .<name>.<pid>.tmp) whose writers ended without removing
-    them (a kill -9): a writer holds its temporary file's lock until the file is in place."""
+    them (a kill -9): those of a process that runs no more."""
     for tmp in Path(folder).glob(".*.*.tmp"):
-        with suppress(OSError):  # gone already, a folder, or a read-only folder
-            if f := open_locked(tmp, "rb"):
+        pid = tmp.name.split(".")[-2]
+        if pid.isdecimal() and not running(int(pid)):
+            with suppress(OSError):  # gone already, a folder, or a read-only folder
                 tmp.unlink()
-                f.close()
+
+
+def running(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: delivered to nobody, only checked
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextmanager
@@ -283,7 +294,7 @@ def atomic(path):
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
     remove_leftovers(path.parent)
     try:
-        with open_locked(tmp, "wb", wait=True) as f:
+        with open(tmp, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -307,7 +318,15 @@ def weights_id(path):
     the same folder gets another id, so a result that records the id it read can be told from one of the
     weights there now."""
     path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
-    return file_sha256(path)[:16] if path.is_file() else None
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return digest_id(f)
+
+
+def digest_id(f):
+    """weights_id of the bytes of an open file, read from where it is."""
+    return hashlib.file_digest(f, "sha256").hexdigest()[:16]
 
 
 def file_sha256(path):

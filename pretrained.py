@@ -24,7 +24,7 @@ from data.dataset import check_tokenizer
 from data.tokenizer import (BOOL, DICT, POSITIVE, REQUIRED, TEXT, checked, folder_tokenizer, gguf_metadata,
                             gguf_tokenizer, integer, number, read_gguf, read_json)
 from rope import ORIGINAL, scaling_type
-from runtime import claim_run_folder, run_files
+from runfolder import claim_run, run_files
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout, Llama as GGUF"
@@ -438,7 +438,7 @@ def convert(source, out, dataset=None):
             raise UserError(f"{option} {str(name)!r} is not a UTF-8 name (safetensors, JSON and the run's record "
                             "need one): rename it") from None
     out = Path(out)
-    claim_run_folder(out, "pretrained", "one writer per run folder", "--out")
+    claim_run(out, "pretrained", "one writer per run folder", "--out")
     try:
         if held := run_files(out):
             raise UserError(f"{out} already holds a run ({', '.join(held)}): give another --out")

@@ -14,7 +14,8 @@ from eval.methods import FIXED, forward_args, method_factor, unavailable
 from common import MAX_FACTOR, UserError, command_parser, parse_number, run_cli, shared_values
 from positions import AS_TRAINED
 from rope import ORIGINAL, complete_scaling, scaling_type
-from runtime import autocast, load_checkpoint, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import autocast, model_from_checkpoint
 
 
 SEPARATOR = "\n---------------\n"

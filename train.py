@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,30 @@ from common import UserError, pick_device, run_cli
 from config import key_help, load_config, model_config
 from data.dataset import get_rows
 from model import GPT
-from runtime import (autocast, model_from_checkpoint, peak_flops, run_folder, save_checkpoint, start_checkpoint, throughput,
-                     training_data, write_log)
+from runfolder import data_identity, open_out_dir, save_checkpoint, start_checkpoint, write_log
+from runtime import autocast, model_from_checkpoint, peak_flops, throughput, training_data
 
 # ----------------------------------------------------------------------------- training
+
+@dataclass
+class Training:
+    """What the loop's evaluations and checkpoints read (rank 0 evaluates and writes)."""
+    config: dict
+    model: GPT  # the raw model (not compiled, not DDP's): what a checkpoint holds
+    optimizer: torch.optim.Optimizer
+    meta: dict
+    splits: dict
+    copy_vocab: int
+    rng: np.random.Generator
+    origin: dict | None
+    log: list
+    out_dir: Path
+    ctx: object
+    device: str
+    wandb: object | None
+    master: bool
+    ddp: bool
+
 
 def lr_at(it, c):
     # a schedule no longer than its warmup (a short run) warms up over its first half, so that it still decays
@@ -63,50 +84,59 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
     return losses
 
 
-def rank0_losses(run):
+def rank0_losses(t):
     """Rank 0's evaluation. With DDP its train and val losses are sent to every process (the others do not
     evaluate), so that a non-finite loss stops each of them with the same line."""
     losses = {}
-    if run["master"]:
-        losses = estimate_loss(run["model"], run["splits"], run["config"], run["ctx"], run["device"],
-                               run["copy_vocab"])
-    if run["ddp"]:
+    if t.master:
+        losses = estimate_loss(t.model, t.splits, t.config, t.ctx, t.device, t.copy_vocab)
+    if t.ddp:
         both = [losses.get("train", 0.0), losses.get("val", 0.0)]
-        shared = torch.tensor(both, dtype=torch.float64, device=run["device"])
+        shared = torch.tensor(both, dtype=torch.float64, device=t.device)
         torch.distributed.broadcast(shared, 0)
         losses = losses or dict(train=shared[0].item(), val=shared[1].item())
     return losses
 
 
-def evaluate_and_save(run, iter_num, lr, best_val_loss, saved):
+def evaluate_and_save(t, iter_num, lr, best_val_loss, saved):
     """Evaluate (printed, into log.jsonl and wandb) and checkpoint at iter_num: returns (best_val_loss, the iteration of
-    the last checkpoint). run: what train() set up. Every process calls it; rank 0 writes."""
-    losses = rank0_losses(run)
+    the last checkpoint). Every process calls it; rank 0 writes."""
+    losses = rank0_losses(t)
     if not math.isfinite(losses["train"] + losses["val"]):  # NaN weights are no checkpoint
         raise UserError(f"the loss is not finite at iter {iter_num} (train {losses['train']}, val {losses['val']}): "
-                        f"training diverged; lower learning_rate (now {run['config']['learning_rate']:g}) or raise "
+                        f"training diverged; lower learning_rate (now {t.config['learning_rate']:g}) or raise "
                         f"warmup_iters" + ("" if saved is None else f" (the checkpoint at iter {saved} is kept)"))
     best_val_loss = min(best_val_loss, losses["val"])
-    if run["master"]:
-        report(run, iter_num, lr, losses)
-    if iter_num == 0 and 0 not in run["config"]["keep_iters"]:  # the starting point: a checkpoint if kept
+    if t.master:
+        report(t, iter_num, lr, losses)
+    if iter_num == 0 and 0 not in t.config["keep_iters"]:  # the starting point: a checkpoint if kept
         return best_val_loss, saved
-    if run["master"]:
-        save_checkpoint(run, iter_num, best_val_loss)
+    if t.master:
+        save_checkpoint(t.out_dir, checkpoint(t, iter_num, best_val_loss), keep=iter_num in t.config["keep_iters"])
     return best_val_loss, iter_num
 
 
-def report(run, iter_num, lr, losses):
+def checkpoint(t, iter_num, best_val_loss):
+    """What ckpt.pt holds: the weights and optimizer, what the run was trained from (its config after the overrides,
+    its data's identity, its origin: what a resume and a study's reuse compare against), its log and the random
+    streams a resume draws on from."""
+    return {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(), "iter_num": iter_num,
+            "model_args": asdict(t.model.config), "best_val_loss": best_val_loss, "origin": t.origin,
+            "config": t.config, "data": data_identity(t.meta), "log": t.log,
+            "rng": {"numpy": t.rng.bit_generator.state, "torch": torch.get_rng_state()}}
+
+
+def report(t, iter_num, lr, losses):
     """An evaluation printed, into log.jsonl (and the checkpoint's log) and wandb."""
     retrieval = (f", copy top-1 {losses['copy_top1']:.3f}" if "copy_top1" in losses else
                  f", mqar acc {losses['mqar_acc']:.3f}" if "mqar_acc" in losses else "")
     print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{retrieval}")
-    if not run["log"] or run["log"][-1]["iter"] < iter_num:  # a resume's first evaluation is logged already
-        run["log"].append({"iter": iter_num, **losses})
-        write_log(run["out_dir"], run["log"])
-    if run["wandb"]:
-        run["wandb"].log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in run["splits"] else f"val/{k}": v
-                                                         for k, v in losses.items()}})
+    if not t.log or t.log[-1]["iter"] < iter_num:  # a resume's first evaluation is logged already
+        t.log.append({"iter": iter_num, **losses})
+        write_log(t.out_dir, t.log)
+    if t.wandb:
+        t.wandb.log({"iter": iter_num, "lr": lr, **{f"{k}/loss" if k in t.splits else f"val/{k}": v
+                                                   for k, v in losses.items()}})
 
 
 def retrieval_mix(config, vocab_size):
@@ -135,7 +165,7 @@ def train(config):
             torch.cuda.set_device(device)
         init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     master = rank == 0
-    with run_folder(config) if master else nullcontext(Path(config["out_dir"])) as out_dir:
+    with open_out_dir(config) if master else nullcontext(Path(config["out_dir"])) as out_dir:
         device_type = device.split(":")[0]
         dtype, ctx = autocast(config["dtype"], device_type)
         torch.manual_seed(config["seed"] + rank)
@@ -179,9 +209,9 @@ def train(config):
             print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
         wandb_run = open_wandb(config, out_dir) if master and config["wandb_log"] else None
-        run = dict(model=raw_model, optimizer=optimizer, splits=splits, config=config, ctx=ctx, device=device, meta=meta,
-                   copy_vocab=copy_vocab, out_dir=out_dir, log=log, wandb=wandb_run, origin=origin, rng=rng,
-                   master=master, ddp=ddp)
+        training = Training(config=config, model=raw_model, optimizer=optimizer, meta=meta, splits=splits,
+                            copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx, device=device,
+                            wandb=wandb_run, master=master, ddp=ddp)
 
         # ------------------------------------------------------------------ the loop
         t0, timed_from = time.time(), iter_num
@@ -192,7 +222,7 @@ def train(config):
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 if iter_num % config["eval_interval"] == 0 or iter_num in (config["max_iters"], *config["keep_iters"]):
-                    best_val_loss, saved = evaluate_and_save(run, iter_num, lr, best_val_loss, saved)
+                    best_val_loss, saved = evaluate_and_save(training, iter_num, lr, best_val_loss, saved)
                     t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
                 if iter_num >= config["max_iters"]:
                     break

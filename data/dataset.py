@@ -58,10 +58,12 @@ def check_ids(meta, where, fix):
 
 
 def check_tokenizer(data_dir, identity, what, model, fix):
-    """data_dir's text refused unless a model's tokenizer.json of that identity tokenized it: another tokenizer's ids
-    would mean other tokens. what: the text as the user named it; model: the model's folder or run; fix: what to do."""
+    """data_dir's text refused unless the tokenizer of that identity (a model's tokenizer.json, or "gpt2") tokenized
+    it: another tokenizer's ids would mean other tokens. what: the text as the user named it; model: the model's
+    folder or run; fix: what to do."""
     if (theirs := load_meta(data_dir)["tokenizer"]) != identity:
-        raise UserError(f"{what} was tokenized with {theirs}, not {model}'s tokenizer.json: its ids would mean other "
+        ours = "tokenizer.json" if isinstance(identity, dict) else f"tokenizer ({identity})"
+        raise UserError(f"{what} was tokenized with {theirs}, not {model}'s {ours}: its ids would mean other "
                         f"tokens; {fix}")
 
 

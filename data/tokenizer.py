@@ -7,10 +7,11 @@ import functools
 import hashlib
 import json
 import math
+from contextlib import suppress
 from pathlib import Path
 
 import tiktoken
-from common import UserError
+from common import UserError, data_dir
 
 RANKS_PATH = Path(__file__).resolve().parent / "gpt2.tiktoken"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -219,8 +220,19 @@ def gguf_tokenizer(reader, where):
 
 
 def run_tokenizer(ckpt):
-    """The tokenizer of a run's text: a converted model's own (its checkpoint holds it), else GPT-2's BPE
-    cut to the run's vocabulary."""
+    """The tokenizer of a run's text: a converted model's own (its checkpoint holds it), a trained run's the one
+    that prepared its data (GPT-2's BPE cut to the run's vocabulary, or a model's tokenizer.json kept beside the
+    data), refused in one line where that one is not there."""
     if record := ckpt.get("pretrained"):
         return ModelTokenizer(record["tokenizer_json"], record["eot_token"], "the checkpoint's tokenizer.json")
-    return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])
+    identity = (ckpt.get("data") or {}).get("tokenizer", "gpt2")  # older checkpoints: GPT-2's, as all were then
+    if identity == "gpt2":
+        return gpt2_tokenizer(ckpt["model_args"]["vocab_size"])
+    folder = data_dir(ckpt["config"]["dataset"])
+    with suppress(OSError, ValueError, KeyError):
+        text = (folder / "tokenizer.json").read_bytes().decode()
+        if {"tokenizer.json": hashlib.sha256(text.encode()).hexdigest()} == identity:
+            return ModelTokenizer(text, json.loads((folder / "meta.json").read_text())["eot_token"], folder / "tokenizer.json")
+    raise UserError(f"the run was trained on text tokenized with {identity}, and {folder} holds no tokenizer.json of "
+                    "that sha256 to encode and decode with: run the command that prepared it again (data/text/prepare.py "
+                    "... --tokenizer MODEL_DIR): it keeps the model's tokenizer.json beside the data, the data unchanged")

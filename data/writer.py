@@ -23,10 +23,13 @@ CHUNK_CHARS = 1 << 20  # documents go to the tokenizer threads in chunks of abou
 
 
 def is_prepared(out_dir, **expected):
-    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any)."""
+    """meta if out_dir holds a complete, uncorrupted dataset whose meta.json has the expected values (None: any); a
+    model tokenizer's corpus holds that tokenizer.json too (what decodes a run trained on it)."""
     with suppress(OSError, ValueError):  # compared through JSON: tuples vs lists or int keys are no mismatch
         remove_leftovers(out_dir)  # a killed preparation's temporary files: the one it re-prepares would replace them
         meta = load_meta(out_dir)
+        if isinstance(meta["tokenizer"], dict) and not (Path(out_dir) / "tokenizer.json").is_file():
+            return False
         return all(v is None or meta.get(k) == json.loads(json.dumps(v)) for k, v in expected.items()) and meta
     return False
 
@@ -130,6 +133,8 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
     meta = dict(tokenizer=getattr(enc, "identity", "gpt2"),  # a model's: its tokenizer.json's sha256
                 vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,
                 files=files, val_fraction=val_fraction, seed=seed, **wide)
+    if text := getattr(enc, "text", None):  # a model's tokenizer.json: what decodes a run trained on this text
+        write_atomic(out_dir / "tokenizer.json", lambda f: f.write(text.encode()))
     write_atomic(out_dir / "meta.json", lambda f: f.write((json.dumps(meta, indent=2) + "\n").encode()))
     release_outputs(out_dir)
     return meta
@@ -176,12 +181,20 @@ def describe(value):
 def claim_corpus(out_dir, overwrite=False, **new):
     """out_dir held for one prepare.py at a time (common.claim_output; released when its meta.json is written), and
     refused, unless overwrite, if it holds a corpus prepared with other values of new (source, vocab_size,
-    val_fraction): the runs trained on it would be left without their data, or scored on their training text."""
+    val_fraction), or data files that no meta.json vouches for (another tool's, as nanoGPT's meta.pkl and .bin
+    files): the runs trained on them would be left without their data, or scored on their training text."""
     claim_output(out_dir, "prepare", option="prepare.py --out_dir (train.py: --dataset=DIR, absolute)", corpus=True)
+    if not (Path(out_dir) / "meta.json").exists():  # nothing prepared there, or another tool's data
+        others = sorted(p.name for p in Path(out_dir).iterdir() if p.name in DATA_FILES or p.suffix in (".bin", ".pkl"))
+        if others and not overwrite:
+            raise UserError(f"{out_dir} holds data files that no meta.json describes ({', '.join(others)}): another "
+                            "tool's, or a preparation stopped half way; pass --overwrite to replace them, or prepare "
+                            "into another folder")
+        return
     try:
         old = json.loads((Path(out_dir) / "meta.json").read_text())
     except (OSError, ValueError):
-        return  # nothing prepared there, or damaged: preparing it again is its fix
+        return  # damaged: preparing it again is its fix
     def change(k, was, now):
         return f"{k} {describe(was)}, " + ("its contents changed" if describe(was) == describe(now) else f"not {describe(now)}")
     differ = [change(k, old.get(k), v) for k, v in new.items()

@@ -9,7 +9,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_list, parse_number, run_cli,
-                    shared_values, unless_check, weights_id)
+                    shared_values, unless_check)
 from data.dataset import held_out, in_tokens, load_split
 from eval import methods
 from eval.methods import FIXED, forward_args, method_factor, parse_methods
@@ -177,8 +177,7 @@ def run_grid(model, tokens, docs, args, train_len):
 
 
 def extrapolate(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
-    model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
     # before the computation: a folder that cannot be written fails now
     claim_output(args["out"], "extrapolation")
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]

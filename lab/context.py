@@ -32,7 +32,7 @@ from eval.summary import mean_stderr
 from lab.pages import generated, write_page
 from runtime import load_run
 from common import (MAX_FACTOR, UserError, claim_output, command_parser, parse_number, parse_list, run_cli,
-                    run_home, shared_values, weights_id)
+                    run_home, shared_values)
 from eval.reading import unique_runs
 
 WHOLE = "whole-L"  # the whole-window reading at L: a baseline of this sweep, not a method of the forward
@@ -124,8 +124,7 @@ def table(report):
 
 
 def context_sweep(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
-    model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "context")  # before the computation: a folder that cannot be written fails now
     L, run_len, pos_emb = model.config.train_len, model.config.block_size, model.config.pos_emb
     kept = methods.usable([m for m in args["methods"] if m != WHOLE], pos_emb) + [WHOLE] * (WHOLE in args["methods"])

@@ -74,11 +74,11 @@ def load_runs(paths, device):
     """The models and their common (training length, data folder); runs that differ are a one-line error."""
     loaded = [load_run(p, device) for p in paths]
     shared = {(m.config.train_len, str(d), m.config.head_dim, m.config.rope_base, m.config.pos_emb)
-              for m, c, d in loaded}  # "the fastest j pairs" must name the same frequencies in every run
+              for m, c, d, _ in loaded}  # "the fastest j pairs" must name the same frequencies in every run
     if len(shared) > 1 or next(iter(shared))[4] != "rope":
         raise UserError(f"the runs must be RoPE models of one training length, data, head size and base; got (length, "
                          f"data, head size, base, pos_emb) {sorted(shared)}")
-    return [m for m, _, _ in loaded], loaded[0][1], loaded[0][2]
+    return [m for m, _, _, _ in loaded], loaded[0][1], loaded[0][2]
 
 
 def copies_inside(models, tokens, docs, L, args, vocab):

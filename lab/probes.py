@@ -26,7 +26,7 @@ from lab.bound import first_negative
 from rope import frequencies
 from lab.trials import KEY_DIGITS, copy_trials, passkey_row
 from common import (UserError, claim_output, command_parser, parse_number, parse_list, run_cli, shared_values,
-                    unless_check, weights_id)
+                    unless_check)
 from runtime import load_run
 from lab.pages import probe_metrics
 from wandb_runs import log_results, ready_to_log
@@ -331,8 +331,7 @@ def log_wandb(report, ckpt, run_dir, pngs):
 
 
 def probes(args):
-    weights = weights_id(args["run_dir"])  # before the load: the weights read, not ones written meanwhile
-    model, ckpt, data_dir = load_run(args["run_dir"], args["device"])
+    model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "probes")  # before the computation: a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
     if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from common import (UserError, claim_output, command_parser, json_text, parse_list, parse_number, run_cli,
-                    shared_values, weights_id, write_atomic)
+                    shared_values, write_atomic)
 from data.dataset import doc_windows, held_out, load_meta, load_split
 from eval.methods import forward_args
 from eval.report import png, pyplot
@@ -213,12 +213,13 @@ def members(path, seeds):
 def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     """The chosen protocols' per-unit readings for one L model (and YaRN's on its fine-tune, if any), reused from
     small/protocols_<docs>.json while the weights and options are the same."""
-    model, _, data_dir = load_run(small, device)
+    model, _, data_dir, small_id = load_run(small, device)
+    tuned_model, _, _, tuned_id = load_run(tuned, device) if tuned else (None, None, None, None)
     L = model.config.train_len
     # NTK-mixed's pairs are the rotating ones: a partial rotary factor (Pythia's 0.25) leaves the rest unrotated
     rotary_dim = model.config.rotary_dim
     units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
-    ids = dict(version=2, small=weights_id(small), tuned=tuned and weights_id(tuned), docs=docs_name, units=units_n,
+    ids = dict(version=2, small=small_id, tuned=tuned_id, docs=docs_name, units=units_n,
                **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key
     cache = small / f"protocols_{docs_name}.json"
     if cache.is_file() and (done := json.loads(cache.read_text())).get("ids") == ids:
@@ -249,7 +250,6 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
         result["yarn_zero_shot"] = yarn_protocol(model, tokens, long_docs, L, rotary_dim, (1, 2, 4),
                                                  ("none", "pi", "ntk", "yarn"), {"crop": L})
         if tuned is not None:
-            tuned_model = load_run(tuned, device)[0]
             result["yarn_tuned"] = yarn_protocol(tuned_model, tokens, long_docs, L, rotary_dim, (1, 2, 4, 5), ("none",),
                                                  {"crop": tuned_model.config.block_size, "crop-L": L})
     result = json_ready(result)

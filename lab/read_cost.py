@@ -24,7 +24,8 @@ from config import gpt_config
 from eval.methods import MASKS, METHODS, forward_args, unavailable
 from eval.score import score_units
 from model import GPT
-from runtime import load_checkpoint, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import model_from_checkpoint
 
 PYTHIA_160M = dict(  # its config.json as pretrained.py converts it
     vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=2048, pos_emb="rope", rope_layout="half",

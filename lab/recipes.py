@@ -36,7 +36,8 @@ from lab.family import decide, declare
 from lab.pages import generated, interval_text, verdict, write_page
 from lab.stats import LEVEL, documents, interval
 from rope import ORIGINAL
-from runtime import KEPT, load_checkpoint, load_run
+from runfolder import KEPT_PREFIX, load_checkpoint
+from runtime import load_run
 
 RECIPES = {  # name: (rope_scaling of the fine-tune at 4L, the zero-shot method that scales the same way past it)
     "plain": (None, None),
@@ -84,16 +85,17 @@ def score(run_dir, wanted):
     """{"method@x": {"past_L": per-unit mean NLL past L, "past_run": past the run's own length or None, "docs": each
     unit's document}} for the wanted cells, kept in run_dir/recipes_test.json and reused while TOKENS is the same
     (crop exact: stride 1)."""
-    path, weights = run_dir / f"recipes_{DOCS}.json", weights_id(run_dir)  # before the load: the weights read
+    path = run_dir / f"recipes_{DOCS}.json"
     done = read_scores(path)
-    todo = [(m, x) for m, x in wanted if done.get(f"{m}@{x}", {}).get("tokens") != TOKENS
-            or done[f"{m}@{x}"].get(WEIGHTS) != weights]  # another checkpoint in that folder now
-    if todo:
-        model, _, data = load_run(run_dir)
+    def todo(weights):  # another checkpoint in that folder now: its cells again
+        return [(m, x) for m, x in wanted if done.get(f"{m}@{x}", {}).get("tokens") != TOKENS
+                or done[f"{m}@{x}"].get(WEIGHTS) != weights]
+    if todo(weights_id(run_dir)):
+        model, _, data, weights = load_run(run_dir)  # the id of the weights loaded, whatever was there a moment ago
         tokens, docs = load_split(data, "val")
         docs = held_out(docs, DOCS)
         L, run_len = model.config.train_len, model.config.block_size
-        for method, x in todo:
+        for method, x in todo(weights):
             T = x * L
             n, starts = choose_units(docs, "windows", T, TOKENS, 2, 0)
             nll = score_units(model, tokens, starts, n, "windows", T, None, forward_args(method, T, L, run_len), 1)
@@ -121,7 +123,7 @@ def recipe_of(run):
 
 def checkpoints(run):
     """{iteration: folder} of a run's kept checkpoints."""
-    return {int(p.name[len(KEPT):]): p for p in run.glob(KEPT + "*") if (p / "ckpt.pt").is_file()}
+    return {int(p.name[len(KEPT_PREFIX):]): p for p in run.glob(KEPT_PREFIX + "*") if (p / "ckpt.pt").is_file()}
 
 
 def collect(folder, seeds):

@@ -18,7 +18,7 @@ from lab.pages import contrast_metrics, generated, interval_text, log_page, verd
 from lab.stats import LEVEL, blocks, interval, ratio_interval
 from common import (ROOT, UserError, claim_output, command_parser, data_dir, parse_number, run_cli,
                     shared_values, weights_id)
-from runtime import load_checkpoint, provenance_changes
+from runfolder import load_checkpoint, provenance_changes
 from wandb_runs import ready_to_log
 from config import load_config
 from data.dataset import load_meta

@@ -64,7 +64,7 @@ def by(report, method):
 
 
 def units_of(report, run_dir):
-    _, _, data_dir = load_run(run_dir)
+    _, _, data_dir, _ = load_run(run_dir)
     tokens, docs = load_split(data_dir, "val")
     C = max(report["contexts"])
     # the units are the definition's: doc_windows over the held-out documents with the seed
@@ -81,7 +81,7 @@ def plain_loss(model, units, c, m):
 
 
 def test_none_is_a_plain_forward_over_the_last_c_tokens(rope_run, report):
-    model, _, _ = load_run(rope_run)
+    model, _, _, _ = load_run(rope_run)
     units = units_of(report, rope_run)
     assert report["contexts"] == CONTEXTS and report["units"] == 4 and report["targets"] == M
     for c, r in by(report, "none").items():
@@ -103,7 +103,7 @@ def exact_crop_loss(model, units, c, m):
 
 
 def test_crop_is_exact_truncation_and_whole_L_the_whole_window_reading(rope_run, report):
-    model, _, _ = load_run(rope_run)
+    model, _, _, _ = load_run(rope_run)
     units = units_of(report, rope_run)
     crop, none, whole = by(report, "crop"), by(report, "none"), by(report, "whole-L")
     for c in CONTEXTS:
@@ -138,7 +138,7 @@ def test_the_targets_are_the_same_at_every_context(rope_run, report, tmp_path):
                 sd[k].zero_()
     run_dir = edited(rope_run, tmp_path / "unigram", unigram)
     rep = sweep(run_dir, tmp_path / "out", "--targets", "6")
-    model, _, _ = load_run(run_dir)
+    model, _, _, _ = load_run(run_dir)
     units = units_of(rep, run_dir)
     with torch.no_grad():
         logp = F.log_softmax(model.lm_head(model.transformer.ln_f(model.transformer.wte.weight)), dim=-1).double()
@@ -198,7 +198,7 @@ def test_the_outputs(report, rope_run, tmp_path, capsys):
 
 def test_the_factor_stays_fixed_while_the_context_grows(rope_run, report, tmp_path):
     # default: every context at the largest context's factor (4L here: 4), so PI at c <= L is not `none`
-    model, _, _ = load_run(rope_run)
+    model, _, _, _ = load_run(rope_run)
     units, pi, none = units_of(report, rope_run), by(report, "pi"), by(report, "none")
     assert report["factor"] == "max" and {r["factor"] for r in pi.values()} == {4.0}
     for c in (L // 4, L, 4 * L):  # against a forward with PI's factor 4 given here

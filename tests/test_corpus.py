@@ -96,6 +96,21 @@ def test_adding_a_file_prepares_again_and_moves_no_document(corpus, tmp_path):
         assert set(old[split]) < set(new)  # the hash rule needs no count: old documents stay where they were
 
 
+def test_a_folder_of_another_tools_data_is_not_replaced_without_overwrite(corpus, tmp_path):
+    folder, _ = corpus
+    out = tmp_path / "nanogpt"  # a nanoGPT data folder: its own .bin files and meta.pkl, no meta.json
+    out.mkdir()
+    theirs = {"train.bin": b"\x01\x02" * 50, "val.bin": b"\x03\x04" * 10, "meta.pkl": b"a pickle"}
+    for name, content in theirs.items():
+        (out / name).write_bytes(content)
+    with pytest.raises(ValueError, match=r"holds data files that no meta.json describes \(meta.pkl, train.bin, "
+                                         r"val.bin\).*pass --overwrite"):
+        prepare(folder, vocab_size=VOCAB, out_dir=out)
+    assert {name: (out / name).read_bytes() for name in theirs} == theirs
+    prepare(folder, vocab_size=VOCAB, out_dir=out, overwrite=True)  # on purpose: replaced
+    assert is_prepared(out, vocab_size=VOCAB)
+
+
 def test_second_run_is_a_noop(corpus, tmp_path, capsys):
     folder, _ = corpus
     out = prepare(folder, vocab_size=VOCAB, out_dir=tmp_path / "out")

@@ -79,7 +79,7 @@ def windows_of(report, eval_len, protocol="windows"):
 
 
 def test_none_at_1x_is_the_plain_forward_loss(rope_run, report):
-    model, _, data_dir = load_run(rope_run)
+    model, _, data_dir, _ = load_run(rope_run)
     tokens, _ = load_split(data_dir, "val")
     rows = torch.tensor(np.stack([tokens[s:s + L + 1] for s in windows_of(report, L)]).astype(np.int64))
     with torch.no_grad():
@@ -196,7 +196,7 @@ def test_window_is_the_banded_mask_and_sinks_keep_the_first_tokens(rope_run, rep
     assert window[4 * L]["loss_beyond_train"] != pytest.approx(none[4 * L]["loss_beyond_train"], abs=1e-3)
     # one layer: the banded mask is exactly "each token sees only its last L tokens"; RoPE's relative
     # positions make the offset of those tokens irrelevant
-    model, _, data_dir = load_run(rope_run)
+    model, _, data_dir, _ = load_run(rope_run)
     tokens, _ = load_split(data_dir, "val")
     starts, positions = windows_of(report, 4 * L), [L, 2 * L + 5, 4 * L - 1]
     expected = [np.mean([nll_of_last_token(model, tokens[s + p - L + 1:s + p + 2]) for s in starts]) for p in positions]
@@ -220,7 +220,7 @@ def test_crop_is_truncation_for_every_encoding(any_run, tmp_path, stride):
               "--crop_stride", str(stride))
     crop = by(rep, "crop")[2 * L]
     assert rep["crop_context"] == [L - stride + 1, L] and crop["available"]
-    model, _, data_dir = load_run(any_run)
+    model, _, data_dir, _ = load_run(any_run)
     tokens, _ = load_split(data_dir, "val")
     starts = windows_of(rep, 2 * L)
 
@@ -232,7 +232,7 @@ def test_crop_is_truncation_for_every_encoding(any_run, tmp_path, stride):
 
 
 def test_sliding_with_stride_equal_to_length_is_non_overlapping_windows(rope_run):
-    model, _, data_dir = load_run(rope_run)
+    model, _, data_dir, _ = load_run(rope_run)
     tokens, docs = load_split(data_dir, "val")
     s, T = int(docs[0, 0]), 2 * L
     nll, pos = score_sliding(model, tokens, s, 3 * T, T, T), extrapolate.window_positions(3 * T, "sliding", T, T)
@@ -284,7 +284,7 @@ def test_windows_stay_inside_one_held_out_document(rope_run, report, tmp_path):
 
 
 def test_causal_dynamic_is_token_by_token_and_differs_from_sequence(rope_run):
-    model, _, data_dir = load_run(rope_run)
+    model, _, data_dir, _ = load_run(rope_run)
     tokens, docs = load_split(data_dir, "val")
     T, start = 3 * L, int(docs[0, 0])
     dynamic = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}

@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 from common import UserError
 from data.dataset import get_rows
 from pretrained import convert
-from runtime import load_checkpoint, load_run, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import load_run, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=320,
@@ -194,6 +195,34 @@ def test_a_run_is_converted_once_and_a_model_folder_given_as_a_run_says_so(tmp_p
     with pytest.raises(UserError, match=r"converted with no held-out text: python data/text/prepare.py SOURCE "
                                         r"--name NAME --tokenizer .*, then python pretrained.py .* --dataset NAME"):
         load_run(run)
+
+
+def test_a_conversion_into_a_folder_whose_overwrite_was_stopped_loses_no_run(tmp_path, dataset):
+    # issue 61: a run, an --overwrite=True of it killed before its first checkpoint, a conversion there, a training there
+    import train
+    from runfolder import replaced
+    from test_safety import one_line
+    from test_train import args, run_main
+    run = tmp_path / "a"
+    train.main(args(dataset, run))
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    run.rename(replaced(run))
+    run.mkdir()
+    hf_model(tmp_path / "m", "llama")
+    with pytest.raises(UserError, match=r"a already holds a run \(ckpt.pt, log.jsonl\): give another --out"):
+        convert(tmp_path / "m", run)
+    one_line(run_main(args(dataset, run)), "already holds a run")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before and not replaced(run).exists()
+
+
+def test_a_training_into_a_converted_run_advises_a_fine_tune_not_a_resume(tmp_path, dataset):
+    from test_safety import one_line
+    from test_train import args, run_main
+    hf_model(tmp_path / "m", "llama")
+    run = converted(tmp_path / "m")
+    message = one_line(run_main(args(dataset, run)), "already holds a run (ckpt.pt)",
+                       f"fine-tune from it into another folder (--init_from={run} --out_dir=NEW)", "--overwrite=True")
+    assert "resume" not in message
 
 
 def test_a_failed_write_is_one_line_and_leaves_no_run(tmp_path, monkeypatch):
@@ -446,7 +475,7 @@ def pythia(tmp_path_factory):
 def test_held_out_text_is_tokenized_by_the_model_and_recorded_in_its_run(pythia):
     import hashlib
     from tokenizers import Tokenizer
-    model, ckpt, folder = load_run(pythia)
+    model, ckpt, folder, _ = load_run(pythia)
     meta = json.loads((folder / "meta.json").read_text())
     source = pythia.with_name("model") / "tokenizer.json"
     tok, sha = Tokenizer.from_file(str(source)), hashlib.sha256(source.read_bytes()).hexdigest()
@@ -466,6 +495,35 @@ def test_a_corpus_tokenized_otherwise_is_refused_in_one_line(pythia, dataset, tm
     torch.save(ckpt, tmp_path / "edited" / "ckpt.pt")
     with pytest.raises(UserError, match="tokenized with gpt2, not .*tokenizer.json: its ids would"):
         load_run(tmp_path / "edited")
+
+
+def test_a_trained_runs_tokenizer_is_part_of_its_identity(pythia, tmp_path):
+    # issue 61: a run trained on a model tokenizer's text encodes and decodes with it, and reads no text of another
+    import train
+    from data.text.prepare import prepare
+    from data.tokenizer import run_tokenizer
+    from tokenizers import Tokenizer
+    from test_train import args
+    text, model_data = pythia.parent / "texts", pythia.parent / "data"
+    train.main(args(str(model_data), tmp_path / "run", max_iters=2, eval_interval=2))
+    ckpt = load_checkpoint(tmp_path / "run")
+    words = "the run folder holds the checkpoint"
+    ids = Tokenizer.from_file(str(pythia.with_name("model") / "tokenizer.json")).encode(words).ids
+    assert run_tokenizer(ckpt).encode_ordinary(words) == ids and run_tokenizer(ckpt).decode(ids) == words
+    vocab = json.loads((model_data / "meta.json").read_text())["vocab_size"]
+    gpt2_data = prepare(text, vocab_size=vocab, val_fraction=0.25, out_dir=tmp_path / "gpt2")  # the same vocabulary
+    ckpt["config"]["dataset"] = str(gpt2_data)  # the run's text re-prepared with GPT-2's BPE
+    (tmp_path / "moved").mkdir()
+    torch.save(ckpt, tmp_path / "moved" / "ckpt.pt")
+    with pytest.raises(UserError, match=r"tokenized with gpt2, not .*moved's tokenizer.json: its ids would mean other"):
+        load_run(tmp_path / "moved")
+    (model_data / "tokenizer.json").unlink()  # a corpus prepared before the tokenizer was kept beside its data
+    before = {name: (model_data / name).read_bytes() for name in ("train.bin", "val.bin")}
+    with pytest.raises(UserError, match="holds no tokenizer.json of that sha256"):
+        run_tokenizer(load_checkpoint(tmp_path / "run"))
+    prepare(text, val_fraction=0.25, tokenizer=pythia.with_name("model"), workers=1, out_dir=model_data)  # its fix
+    assert {name: (model_data / name).read_bytes() for name in before} == before
+    assert run_tokenizer(load_checkpoint(tmp_path / "run")).decode(ids) == words
 
 
 def test_every_command_reads_a_model_folder_with_every_method(pythia, tmp_path):

@@ -5,12 +5,15 @@ import errno
 import io
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import common
+import runfolder
 import runtime
 import train
 from data.text.prepare import prepare
@@ -50,7 +53,7 @@ def test_a_refused_overwrite_keeps_the_run_it_would_replace(dataset, tmp_path, m
                          (dict(block_size=300000), "does not fit"),
                          (dict(init_from=str(wide)), "does not match")):
         one_line(run_main(args(refused.pop("dataset", dataset), run, overwrite=True, **refused)), why)
-        assert snapshot(run) == before and not runtime.replaced(run).exists(), refused
+        assert snapshot(run) == before and not runfolder.replaced(run).exists(), refused
     # checked and started, then stopped before its first checkpoint: the old run comes back
     monkeypatch.setattr(train, "estimate_loss", lambda *a: {"train": float("nan"), "val": float("nan")})
     one_line(run_main(args(dataset, run, overwrite=True)), "not finite at iter 0")
@@ -58,7 +61,7 @@ def test_a_refused_overwrite_keeps_the_run_it_would_replace(dataset, tmp_path, m
     monkeypatch.undo()
     train.main(args(dataset, run, max_iters=4, eval_interval=2, overwrite=True))  # on purpose: replaced
     assert weights(run)["iter_num"] == 4 and log_iters(run) == [0, 2, 4]
-    assert not runtime.replaced(run).exists()
+    assert not runfolder.replaced(run).exists()
 
 
 def test_a_log_without_a_checkpoint_is_not_replaced_without_overwrite(dataset, tmp_path):
@@ -93,11 +96,12 @@ def test_resume_with_other_data_or_settings_is_one_line_naming_what_differs(data
 def test_a_killed_writers_temporary_files_are_removed_by_the_next_run(dataset, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    dead, live = run / ".ckpt.pt.12345.tmp", run / ".ckpt.pt.12346.tmp"
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    # a writer killed (its process ended), and one writing now (this process, another file in that folder)
+    dead, live = run / f".ckpt.pt.{ended.stdout.strip()}.tmp", run / f".extrapolation.json.{os.getpid()}.tmp"
     for f in (dead, live):
         f.write_bytes(b"x" * 1000)
-    with common.open_locked(live, "rb"):  # a live writer holds its temporary file's lock
-        train.main(args(dataset, run, max_iters=2, eval_interval=2))
+    train.main(args(dataset, run, max_iters=2, eval_interval=2))
     assert not dead.exists() and live.exists()
     corpus = Path(tmp_path / "corpus")
     texts = tmp_path / "texts"
@@ -105,7 +109,7 @@ def test_a_killed_writers_temporary_files_are_removed_by_the_next_run(dataset, t
     for i in range(3):
         (texts / f"d{i}.txt").write_text(f"word {i} " * 100)
     prepare(texts, vocab_size=512, out_dir=corpus)
-    leftover = corpus / ".train.bin.12345.tmp"
+    leftover = corpus / f".train.bin.{ended.stdout.strip()}.tmp"
     leftover.write_bytes(b"x" * 1000)
     prepare(texts, vocab_size=512, out_dir=corpus)  # the same inputs: nothing to prepare, but the leftover goes
     assert not leftover.exists()

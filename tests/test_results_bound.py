@@ -2,6 +2,7 @@
 uses one made from other weights or other options; options that apply to nothing, and duplicates, are refused
 in one line."""
 import json
+import os
 import shutil
 
 import pytest
@@ -19,12 +20,12 @@ FAST = ["--lengths", "1,2", "--methods", "none,crop", "--protocols", "windows", 
         "--no-wandb"]
 
 
-def other_weights(run_dir):
+def other_weights(run_dir, name="ckpt.pt"):
     """run_dir's checkpoint retrained: the same run, other weights (its iteration and config as they were)."""
-    ckpt = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    ckpt = torch.load(run_dir / name, weights_only=True)
     for w in ckpt["model"].values():
         w += 0.01
-    torch.save(ckpt, run_dir / "ckpt.pt")
+    torch.save(ckpt, run_dir / name)
 
 
 def test_the_weights_id_is_the_checkpoints_content_not_its_path(tmp_path):
@@ -35,6 +36,40 @@ def test_the_weights_id_is_the_checkpoints_content_not_its_path(tmp_path):
     assert len(weights_id(tmp_path / "a")) == 16
     (tmp_path / "b" / "ckpt.pt").write_bytes(b"weights, trained on")
     assert weights_id(tmp_path / "b") != weights_id(tmp_path / "a") and weights_id(tmp_path / "none") is None
+
+
+def numbers(report):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in report["results"]]
+
+
+def test_a_checkpoint_replaced_as_it_is_read_is_named_by_the_weights_read(dataset, tmp_path, monkeypatch):
+    # issue 61: a training checkpoints as a command reads its run; the id a result records names the weights it scored
+    run = tiny_run(tmp_path / "run", dataset)
+    first, newer = (run / "ckpt.pt").read_bytes(), tmp_path / "newer.pt"
+    commands = {"extrapolation": (extrapolate.main, [str(run), *FAST]),
+                "context": (context.main, [str(run), "--units", "2", "--contexts", "0.5,1", "--methods", "none,crop"]),
+                "probes": (probes.main, [str(run), "--probes", "copy", "--distances", "0.5", "--trials", "2",
+                                         "--segment", "4", "--methods", "none", "--device", "cpu", "--no-wandb"])}
+    scored = {}
+    for name, (main, argv) in commands.items():
+        main(argv)
+        scored[name] = json.loads((run / f"{name}.json").read_text())
+    shutil.copy(run / "ckpt.pt", newer)
+    other_weights(newer.parent, newer.name)
+    second, real_load = newer.read_bytes(), torch.load
+
+    def written_meanwhile(*args, **kwargs):  # the newer checkpoint renamed over ckpt.pt, after its hash
+        if newer.exists():
+            os.replace(newer, run / "ckpt.pt")
+        return real_load(*args, **kwargs)
+    monkeypatch.setattr(torch, "load", written_meanwhile)
+    for name, (main, argv) in commands.items():
+        (run / "ckpt.pt").write_bytes(first)
+        newer.write_bytes(second)
+        main(argv)
+        report = json.loads((run / f"{name}.json").read_text())
+        assert report["weights_id"] == scored[name]["weights_id"] != weights_id(run), name
+        assert numbers(report) == numbers(scored[name]), name  # the numbers of the weights it names
 
 
 def test_every_result_names_its_weights_and_compare_refuses_a_report_of_other_weights(dataset, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import runtime
+import runfolder
 import train
 from common import open_locked
 from config import load_config
@@ -59,7 +59,7 @@ def test_a_lock_held_by_another_process_refuses_and_goes_with_it_when_killed(dat
         holder.wait()
     assert lock_of(run).exists()
     train.main(args(dataset, run))
-    assert weights(run)["iter_num"] == 10 and not lock_of(run).exists()
+    assert weights(run)["iter_num"] == 10 and lock_of(run).exists()  # the lock goes, its file is never removed
 
 
 # ----------------------------------------------------------------------------- overwrite, whole folders
@@ -67,24 +67,24 @@ def test_a_lock_held_by_another_process_refuses_and_goes_with_it_when_killed(dat
 def test_an_overwrite_killed_after_the_move_brings_the_old_run_back_whole(dataset, tmp_path):
     run = tmp_path / "run"
     before = kept_run(dataset, run)
-    run.rename(runtime.replaced(run))  # killed right after the move
+    run.rename(runfolder.replaced(run))  # killed right after the move
     message = one_line(error("extrapolate.py", extrapolate.main, [str(run), "--device", "cpu"]), "waits in",
-                       str(runtime.replaced(run)), f"--out_dir={run}")
+                       str(runfolder.replaced(run)), f"--out_dir={run}")
     assert "train one first" not in message
     one_line(run_main(args(dataset, run, max_iters=10)), "already holds a run")  # any training puts it back
-    assert tree(run) == before and not runtime.replaced(run).exists()
+    assert tree(run) == before and not runfolder.replaced(run).exists()
 
 
 def test_an_overwrite_killed_while_restoring_brings_the_old_run_back_whole(dataset, tmp_path):
     run = tmp_path / "run"
     before = kept_run(dataset, run)
-    run.rename(runtime.replaced(run))
+    run.rename(runfolder.replaced(run))
     run.mkdir()  # the new run, stopped before its first checkpoint, half removed by a restore that was killed
     (run / "log.jsonl").write_text('{"iter": 0, "train": 9.0, "val": 9.0}\n')
     train.main(args(dataset, run, max_iters=15, eval_interval=5, keep_iters="(5,)", init_from="resume"))
     assert weights(run)["iter_num"] == 15 and log_iters(run) == [0, 5, 10, 15]
     after = tree(run)
-    assert after["wandb.json"] == before["wandb.json"] and not runtime.replaced(run).exists()
+    assert after["wandb.json"] == before["wandb.json"] and not runfolder.replaced(run).exists()
     assert {k for k in after if "iter_5" in k} == {"iter_5/ckpt.pt", "iter_5/log.jsonl"}
     assert all(after[k] == before[k] for k in after if "iter_5" in k)
 
@@ -92,11 +92,25 @@ def test_an_overwrite_killed_while_restoring_brings_the_old_run_back_whole(datas
 def test_an_overwrite_killed_after_its_first_checkpoint_keeps_the_new_run(dataset, tmp_path):
     run = tmp_path / "run"
     kept_run(dataset, run)
-    shutil.copytree(run, runtime.replaced(run))  # the new run has its checkpoint; the old one half removed
-    (runtime.replaced(run) / "iter_5" / "ckpt.pt").unlink()
+    train.main(args(dataset, run, max_iters=10, eval_interval=5, keep_iters="(5,)", overwrite=True))
+    shutil.copytree(run, runfolder.replaced(run))  # the new run has its checkpoint; the old one half removed
+    (runfolder.replaced(run) / "iter_5" / "ckpt.pt").unlink()
     new = tree(run)
     one_line(run_main(args(dataset, run, max_iters=10)), "already holds a run")
-    assert tree(run) == new and not runtime.replaced(run).exists()
+    assert tree(run) == new and runfolder.replaced(run).exists()  # a refused command removes nothing
+    train.main(args(dataset, run, max_iters=15, eval_interval=5, keep_iters="(5,)", init_from="resume"))
+    assert weights(run)["iter_num"] == 15 and not runfolder.replaced(run).exists()  # one that writes settles it
+
+
+def test_a_checkpoint_that_is_not_the_overwrites_new_run_never_replaces_the_run_that_waits(dataset, tmp_path):
+    run, other = tmp_path / "run", tmp_path / "other"
+    before = kept_run(dataset, run)
+    run.rename(runfolder.replaced(run))  # an --overwrite=True killed before its first checkpoint
+    run.mkdir()
+    train.main(args(dataset, other, max_iters=2, eval_interval=2))
+    shutil.copy(other / "ckpt.pt", run / "ckpt.pt")  # then a checkpoint put there otherwise (by hand, say)
+    one_line(run_main(args(dataset, run)), "is not the first checkpoint of the --overwrite=True", "move one of the two")
+    assert tree(runfolder.replaced(run)) == before and tree(run) == {"ckpt.pt": (other / "ckpt.pt").read_bytes()}
 
 
 def test_an_overwrite_never_removes_a_kept_checkpoint_being_trained_in(dataset, tmp_path):
@@ -108,7 +122,7 @@ def test_an_overwrite_never_removes_a_kept_checkpoint_being_trained_in(dataset, 
         one_line(run_main(args(dataset, run, overwrite=True)), "--overwrite=True would remove it",
                  f"{run / 'iter_5'} is in use by train.py (process 4242)")
         assert {k: v for k, v in tree(run).items() if k != ".iter_5.lock"} == before
-    assert not runtime.replaced(run).exists()
+    assert not runfolder.replaced(run).exists()
 
 
 def test_an_overwrite_of_a_folder_holding_other_runs_is_refused(dataset, tmp_path):

@@ -45,7 +45,7 @@ def test_a_run_is_never_overwritten_by_accident(dataset, tmp_path):
     assert (tmp_path / "ckpt.pt").read_bytes() == before and log_iters(tmp_path) == [0, 10]
     train.main(args(dataset, tmp_path, max_iters=5, overwrite=True))  # on purpose: replaced, its log started anew
     assert weights(tmp_path)["iter_num"] == 5 and log_iters(tmp_path) == [0, 5]
-    assert sorted(p.name for p in tmp_path.parent.glob(f".{tmp_path.name}.*")) == []  # no lock, nothing aside
+    assert sorted(p.name for p in tmp_path.parent.glob(f".{tmp_path.name}.*")) == [f".{tmp_path.name}.lock"]  # nothing aside
 
 
 def test_resume_logs_each_iteration_once(dataset, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import train
-from common import weights_id
+from common import open_locked, weights_id
 from model import GPT, GPTConfig
 from runtime import model_from_checkpoint
 
@@ -120,7 +120,9 @@ def test_kept_checkpoints_are_runs_of_their_own(dataset, tmp_path, capsys):
     assert again["iter_num"] == 20 and all(torch.equal(end["model"][k], again["model"][k]) for k in end["model"])
     message = run_main(args(dataset, run, max_iters=3, overwrite=True))  # iter_5 is a run of its own now
     assert "iter_5 was trained on to iter 20" in message and weights(run / "iter_5")["iter_num"] == 20
-    assert not list(run.glob(".*.lock"))
+    for lock in run.glob(".*.lock"):  # released, each (a lock file stays)
+        assert (held := open_locked(lock)) is not None
+        held.close()
     (run / "iter_5").rename(tmp_path / "continued")
     train.main(args(dataset, run, max_iters=3, overwrite=True))  # a replaced run's kept checkpoints go with it
     assert not list(run.glob("iter_*")) and weights(tmp_path / "continued")["iter_num"] == 20
