@@ -15,7 +15,8 @@ from torch.nn import functional as F
 from common import UserError, command_parser, parse_list, run_cli
 from eval.methods import forward_args
 from lab.read_cost import measured
-from runtime import load_checkpoint, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import model_from_checkpoint
 
 # the method's rope_parameters in transformers at factor s over the trained length L (its dynamic's factor: DESIGN's
 # multiplier a = 1 reads as plain dynamic NTK)

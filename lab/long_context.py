@@ -41,7 +41,8 @@ from lab.crop import score_cropped
 from lab.pages import generated, interval_text
 from lab.protocols import donors, method, swap_prefix
 from lab.stats import interval
-from runtime import load_checkpoint, load_run, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import load_run, model_from_checkpoint
 
 TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz "
         "you about the important information there.")
@@ -201,7 +202,7 @@ def main(argv):
     run = Path(a.run)
     text = {"loss", "bojone"} & set(a.stages) and not a.page  # the passkey prompt needs no held-out text
     if text:
-        model, ckpt, data_dir = load_run(run, a.device)
+        model, ckpt, data_dir, _ = load_run(run, a.device)
     else:
         ckpt = load_checkpoint(run, a.device)
         model = model_from_checkpoint(ckpt).to(a.device).eval()
