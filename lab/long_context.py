@@ -325,12 +325,37 @@ def passkey_plot(grid, L):
     return png(fig)
 
 
+def source(ckpt, run):
+    """The model's name and file: a GGUF's general.name and sha256, a model folder's path, else the run folder."""
+    record = ckpt.get("pretrained") or {}
+    if gguf := record.get("gguf"):
+        return f"{gguf['name']} ({Path(gguf['file']).name}, sha256 {gguf['sha256'][:12]}, {gguf['types']})"
+    return record.get("folder") or str(run)
+
+
+def cost(found):
+    """Lines: the seconds each kind of item took, what the page rests on."""
+    kinds = {}
+    for name, v in found.items():
+        parts = name.split("/")
+        stage, at = parts[0], next((x for x in parts if "@" in x), parts[1])
+        kinds.setdefault((stage, at), []).append(v["seconds"])
+    return [f"| {stage} | `{at}` | {len(s)} | {np.median(s):,.0f} | {sum(s) / 60:,.0f} |"
+            for (stage, at), s in sorted(kinds.items())]
+
+
 def write_report(found, L, a, ckpt, command):
     grid = passkey_grid(found, a.methods)
-    lines = [f"# {Path(a.run).name}: a real model read past its trained length\n", f"{generated(command)}\n",
-             f"Trained length L = {L}; the {a.docs} documents; crop strided at {a.crop_stride} (each target from "
-             f"{L - a.crop_stride + 1} to {L} tokens). Each cell counts the items it rests on; intervals are 95%, "
-             "bootstrap over documents.\n", "## Passkey (greedy exact match, teacher-forced)\n",
+    lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
+             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}. The text: the {a.docs} half of the held-out "
+             f"documents. Crop is strided at {a.crop_stride:,}: each target past L from {L - a.crop_stride + 1:,} to "
+             f"{L:,} tokens. Settings as published, not chosen here: ReRoPE's and Self-Extend's window L/4 (bojone's "
+             "1,024 of 4k), Self-Extend's group the smallest whose grouped distances stay inside L, every scaling at "
+             "the length's factor (passkey and loss) or the longest input's (bojone). Each cell counts the items it "
+             "rests on; intervals are 95%, bootstrap over documents.\n",
+             "## Passkey (greedy exact match, teacher-forced)\n",
+             "The key's line at a depth of the filler (0: first, 1: just before the question); at 2x a key at depth "
+             "below about 0.5 lies more than L before the question, where crop cannot see it.\n",
              "| method | " + " | ".join(f"depth {d:g}" for d in DEPTHS) + " |", "| --- |" + " ---: |" * len(DEPTHS)]
     for spec, cells in grid.items():
         for length in sorted({k for k, _ in cells}, key=lambda s: float(s[:-1])):
@@ -338,7 +363,13 @@ def write_report(found, L, a, ckpt, command):
             lines.append(f"| `{spec}` at {length} | " + " | ".join(
                 f"{sum(h)}/{len(h)}" if h else "" for h in row) + " |")
     lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
-    lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n"] + bojone_table(found, a.methods)
+    lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n",
+              "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
+              "more than L before the first final target come from another document, so crop is the same on both "
+              "arms. Reads past L negative: the method gains from the tokens more than L back.\n"]
+    lines += bojone_table(found, a.methods)
+    lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
+              "| --- | --- | ---: | ---: | ---: |"] + cost(found)
     page = Path(a.page)
     page.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(page, lambda f: f.write(("\n".join(lines) + "\n").encode()))

@@ -1,0 +1,61 @@
+"""lab/long_context.py: a model read past L (passkey, loss against crop, bojone's protocol with the crop-preserving
+swap) on a tiny run, its items cached as they land and its page written from them."""
+import json
+
+import pytest
+
+import train
+from common import UserError
+from data.tokenizer import gpt2_tokenizer
+from lab import long_context
+from tests.conftest import held_out_corpus
+
+L = 128  # the passkey prompt needs a few hundred tokens of a 300-token vocabulary
+
+
+def test_the_passkey_prompt_is_yarns_with_the_key_at_its_depth_and_last():
+    enc = gpt2_tokenizer(50257)
+    for depth in (0.0, 0.5, 1.0):
+        row, m = long_context.passkey_row(enc.encode_ordinary, 400, depth, 31337)
+        text = enc.decode(row.tolist())
+        assert len(row) == 401 and enc.decode(row[-m:].tolist()) == " 31337"
+        assert text.startswith(long_context.TASK) and text.endswith(long_context.QUESTION + " 31337")
+        needle = text.index(long_context.NEEDLE.format(key=31337))
+        filler = text.count(long_context.GARBAGE[:20])
+        before = text[:needle].count(long_context.GARBAGE[:20])
+        assert before == pytest.approx(depth * filler, abs=1.5)  # the needle's place among the filler's sentences
+    with pytest.raises(UserError, match="shorter than its task"):
+        long_context.passkey_row(enc.encode_ordinary, 20, 0.5, 1)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    data = held_out_corpus(tmp_path_factory, 5)
+    out = tmp_path_factory.mktemp("lc") / "run"
+    train.main([f"--{k}={v}" for k, v in dict(dataset=str(data), batch_size=8, n_layer=1, n_head=2, n_embd=32,
+                                              block_size=L, max_iters=6, warmup_iters=1, eval_interval=6, eval_iters=1,
+                                              log_interval=6, wandb_log=False, device="cpu", seed=0, out_dir=out).items()])
+    return out
+
+
+def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
+    out = tmp_path / "readings"
+    argv = [str(run), "--out", str(out), "--lengths", "3", "--units", "2", "--crop_stride", "32", "--trials", "1",
+            "--methods", "none,crop,yarn,rerope:window=32+logn"]
+    long_context.main(argv)
+    items = {p.name: json.loads(p.read_text()) for p in (out / "test" / "items").glob("*.json")}
+    assert "passkey__yarn@3x__d0.5__t0.json" in items and "loss__crop@3x__u1.json" in items
+    # the swap leaves every token crop reads: at 1L nothing is swapped, so only the real arm is read there
+    assert "bojone__same__yarn@1L__u0.json" in items and "bojone__swapped__yarn@1L__u0.json" not in items
+    assert items["bojone__same__none@3L__u0.json"]["nll"] != items["bojone__swapped__none@3L__u0.json"]["nll"]
+    assert len(items["loss__crop@3x__u0.json"]["nll"]) == 2 * L and len(items["loss__none@3x__u0.json"]["nll"]) == 3 * L
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "test" / "items").glob("*.json")}
+    long_context.main(argv)  # everything landed: nothing is read again
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "test" / "items").glob("*.json")}
+    page = tmp_path / "page" / "lc.md"
+    long_context.main(argv + ["--page", str(page)])
+    text = page.read_text()
+    assert "## Passkey" in text and "reads past L" in text and "`rerope:window=32+logn` (3L) | 2 |" in text
+    assert page.with_suffix(".png").is_file() and json.loads(page.with_suffix(".json").read_text())["items"]
+    with pytest.raises(UserError, match="readings of other weights or options"):
+        long_context.main([str(run), "--out", str(out), "--crop_stride", "64", "--lengths", "3"])
