@@ -16,7 +16,8 @@ pytest.importorskip("accelerate")  # transformers' GGUF reading needs it
 
 from common import UserError
 from pretrained import convert
-from runtime import load_checkpoint, model_from_checkpoint
+from runfolder import load_checkpoint
+from runtime import model_from_checkpoint
 
 Q = gguf.GGMLQuantizationType
 SIZE = dict(layers=2, embd=64, heads=4, kv_heads=2, ffn=96, context=32, theta=5000.0, eps=1e-5)
