@@ -110,8 +110,8 @@ def passkey_items(items, model, encode, L, a, rotary_dim):
         n = round(k * L)
         for t in range(a.trials):
             for spec in (m for m in a.methods if k > 1 or m in a.at_1x):
-                for j, depth in enumerate(DEPTHS):
-                    row, m = passkey_row(encode, n, depth, int(keys[i, j, t]))
+                for depth in a.depths:  # each depth's key is the same whichever depths are read
+                    row, m = passkey_row(encode, n, depth, int(keys[i, DEPTHS.index(depth), t]))
 
                     def compute():
                         nll, hit = score(model, row, spec, L, m, rotary_dim, a.crop_stride)
@@ -182,12 +182,14 @@ def parse(argv):
                    "(the others, log-n and crop equal none there)")
     p.add_argument("--lengths", default="1,2", help="multiples of L (bojone: the largest, with 1)")
     p.add_argument("--trials", default="1", help="passkey trials per length and depth")
+    p.add_argument("--depths", default=",".join(f"{d:g}" for d in DEPTHS), help="passkey depths read, of those")
     p.add_argument("--units", default="8", help="documents (loss) and units (bojone) read, at most")
     p.add_argument("--crop_stride", default="1024", help="crop's stride in targets (1: exact, one forward a target)")
     p.add_argument("--docs", default="test", help="held-out documents: dev or test")
     p.add_argument("--page", default=None, help="write the page (markdown, with .json and .png beside) from the items")
     a = p.parse_args(argv)
     a.lengths = parse_list(a.lengths, "lengths", float)
+    a.depths = parse_list(a.depths, "depths", float, tuple(f"{d:g}" for d in DEPTHS))
     a.trials, a.units = parse_number(a.trials, "trials", int, 1), parse_number(a.units, "units", int, 1)
     a.crop_stride = parse_number(a.crop_stride, "crop_stride", int, 1)
     a.stages = parse_list(a.stages, "stages", str, STAGES)
