@@ -6,7 +6,6 @@ random tokens (the cost does not depend on the text). docs/benchmarks.md, "A rea
     python lab/hf_bench.py MODEL_DIR RUN_DIR --lengths 1,2 --methods none,yarn,pi,dynamic-ntk --threads 1,2
 """
 import sys
-from multiprocessing import get_context
 
 import numpy as np
 import torch
@@ -14,7 +13,7 @@ from torch.nn import functional as F
 
 from common import UserError, command_parser, parse_list, run_cli
 from eval.methods import forward_args
-from lab.read_cost import measured
+from lab.measure import in_child, measured
 from runfolder import load_checkpoint
 from runtime import model_from_checkpoint
 
@@ -65,16 +64,6 @@ def read(impl, folder, run, method, length, threads):
             out["nll"] = nll(forward(), row)
     seconds, mib = measured(step, "cpu")
     return seconds, mib, out["nll"]
-
-
-def in_child(fn):
-    """fn() in a forked process: each reading's peak memory is its own, and threads are set afresh."""
-    parent, child = get_context("fork").Pipe()
-    process = get_context("fork").Process(target=lambda: child.send(fn()))
-    process.start()
-    result = parent.recv()
-    process.join()
-    return result
 
 
 def main(argv):

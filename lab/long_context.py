@@ -39,7 +39,7 @@ from eval.report import png, pyplot
 from eval.score import score_rows
 from lab.crop import score_cropped
 from lab.pages import generated, interval_text
-from lab.protocols import donors, method, swap_prefix
+from lab.swap import donors, method, swap_prefix
 from lab.stats import interval
 from runfolder import load_checkpoint
 from runtime import load_run, model_from_checkpoint

@@ -9,86 +9,25 @@ Peak memory is what the method adds to the loaded model: on the CPU a forked pro
 whose logits (and mask) alone exceed the free memory is refused before anything is measured; `pairs` is not taken (its cost
 is yarn's: the same attention, other frequencies)."""
 import math
-import signal
 import sys
-import time
-import traceback
-from multiprocessing import get_context
 
 import numpy as np
 import torch
 
 
-from common import UserError, command_parser, out_of_memory, parse_list, pick_device, run_cli
+from common import UserError, command_parser, parse_list, pick_device, run_cli
 from config import gpt_config
 from eval.methods import MASKS, METHODS, forward_args, unavailable
 from eval.score import score_units
 from model import GPT
 from runfolder import load_checkpoint
 from runtime import model_from_checkpoint
+from lab.measure import in_child, measured, memory_kib_of
 
 PYTHIA_160M = dict(  # its config.json as pretrained.py converts it
     vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=2048, pos_emb="rope", rope_layout="half",
     rope_base=10000.0, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.25}, norm="layernorm",
     norm_eps=1e-5, biases=True, mlp="gelu", mlp_hidden=3072, parallel_residual=True, tie_embeddings=False)
-
-
-def memory_kib_of(path, field):
-    with open(path) as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def memory_kib(field):
-    return memory_kib_of("/proc/self/status", field)
-
-
-def measured(fn, device):
-    """(seconds, peak MiB above the start) of fn()."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start, t0 = torch.cuda.memory_allocated(), time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0, (torch.cuda.max_memory_allocated() - start) / 2**20
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM, the peak resident set, to the current one
-    start, t0 = memory_kib("VmRSS"), time.perf_counter()
-    fn()
-    return time.perf_counter() - t0, (memory_kib("VmHWM") - start) / 1024
-
-
-def in_child(fn, device):
-    """measured(fn), on the CPU in a forked process: one method's freed memory is not the next one's. The child's
-    failure is the parent's: a UserError as itself, running out of memory as a MemoryError, a bug with the child's
-    traceback."""
-    if device.startswith("cuda"):
-        return measured(fn, device)
-    parent, child = get_context("fork").Pipe(duplex=False)
-
-    def report():
-        try:
-            outcome = "done", measured(fn, device)
-        except Exception as e:  # every failure goes back to the parent, which decides
-            kind = "user" if isinstance(e, UserError) else "memory" if out_of_memory(e) else "bug"
-            outcome = kind, str(e) if kind != "bug" else traceback.format_exc()
-        child.send(outcome)
-
-    process = get_context("fork").Process(target=report)
-    process.start()
-    child.close()  # the parent's copy: a child that dies without a word closes the pipe, and recv raises EOFError
-    try:
-        kind, value = parent.recv()
-    except EOFError:
-        kind, value = "died", None
-    process.join()
-    if kind == "done":
-        return value
-    if kind == "user":
-        raise UserError(value)
-    if kind == "memory" or process.exitcode == -signal.SIGKILL:  # SIGKILL: most likely the kernel's OOM killer
-        raise MemoryError(value or "the measuring process was killed (SIGKILL)")
-    raise RuntimeError(f"the measuring process failed: {value or f'exit code {process.exitcode}'}")
 
 
 def available_mib(device):
@@ -146,7 +85,8 @@ def read_cost(args):
             how = forward_args(name, T, model.config.train_len, L, causal=name != method)
             def score():
                 score_units(model, tokens, [0], T, "windows", T, None, how, stride)
-            seconds, mib = in_child(score, device)
+            seconds, mib = measured(score, device) if device.startswith("cuda") else in_child(
+                lambda: measured(score, device))
             cells.append(f"{T / seconds:9,.0f} tok/s {mib:7,.0f} MiB")
         print(f"{method:22s}" + "".join(f"{c:>26s}" for c in cells), flush=True)
 

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 import train
 from common import UserError
 from lab.crop import score_cropped
-from lab import protocols
+from lab import protocols, swap
 from model import GPT, GPTConfig
 from rope import rope_frequencies
 from tests.conftest import held_out_corpus
@@ -36,7 +36,7 @@ def test_exact_crop_predicts_each_target_from_its_own_last_tokens():
 def test_ntk_mixed_is_bojones_formula():
     # ntk_patch.py: inv_freq = base^(-2i/d) * exp(-a j^b), j = i + 1, a = ln k / (d/2)^b; the slowest pair / k exactly
     d, k, b = 32, 12.0, 0.75
-    factors = protocols.ntk_mixed_factors(d, k, b)
+    factors = swap.ntk_mixed_factors(d, k, b)
     assert factors[-1] == pytest.approx(k) and factors[0] == pytest.approx(math.exp(math.log(k) / 16 ** 0.75))
     scaling = {"rope_type": "longrope", "short_factor": factors, "long_factor": factors, "attention_factor": 1.0,
                "original_max_position_embeddings": 64}
@@ -47,9 +47,9 @@ def test_ntk_mixed_is_bojones_formula():
 
 
 def test_logn_rows_scale_the_queries_past_L_and_nothing_else():
-    how = protocols.method("rerope:window=4+logn", 16, 16, 64, 32, None)
+    how = swap.method("rerope:window=4+logn", 16, 16, 64, 32, None)
     assert how.extend == (4, None) and how.logn_len == 16
-    assert protocols.method("rerope:window=4", 16, 16, 64, 32, None).logn_len is None
+    assert swap.method("rerope:window=4", 16, 16, 64, 32, None).logn_len is None
 
 
 def test_strided_crop_scores_each_target_from_its_block_window():
@@ -70,22 +70,22 @@ def test_the_swapped_prefix_comes_from_another_document():
     rng = np.random.default_rng(0)
     docs = [0, 0, 1, 2, 2, 2]
     for _ in range(20):
-        donor = protocols.donors(docs, rng)
+        donor = swap.donors(docs, rng)
         assert all(docs[d] != docs[i] for i, d in enumerate(donor))
-    assert protocols.donors([5, 5], rng) == [None, None]
+    assert swap.donors([5, 5], rng) == [None, None]
 
 
 def test_the_swap_replaces_only_tokens_beyond_every_final_targets_crop_window():
     L, eot = 4, 99
     rows = np.arange(2 * (4 * L + 1)).reshape(2, 4 * L + 1)
     donor = rows[::-1] + 1000
-    swapped = protocols.swap_prefix(rows, donor, L, eot)
+    swapped = swap.swap_prefix(rows, donor, L, eot)
     # x_0 .. x_(k-2)L replaced (2L + 1 of 4L + 1 tokens: the donor's, then end-of-text), the rest untouched
     assert (swapped[:, :2 * L] == donor[:, :2 * L]).all() and (swapped[:, 2 * L] == eot).all()
     assert (swapped[:, 2 * L + 1:] == rows[:, 2 * L + 1:]).all()
     first_target = 3 * L + 1  # its crop window: the L tokens before it, x_2L+1 .. x_3L
     assert first_target - L == 2 * L + 1
-    at3 = protocols.swap_prefix(rows[:, L:], donor[:, L:], L, eot)  # a 3L input: its x_0 .. x_L replaced
+    at3 = swap.swap_prefix(rows[:, L:], donor[:, L:], L, eot)  # a 3L input: its x_0 .. x_L replaced
     assert (at3[:, L] == eot).all() and (at3[:, L + 1:] == rows[:, 2 * L + 1:]).all()
     assert (at3 == swapped[:, L:]).all()  # the 4L row's suffix is the 3L swap: one swapped row serves both
 
@@ -95,7 +95,7 @@ def test_exact_crop_is_bit_identical_on_both_arms_and_the_1L_null_is_zero():
     L = 8
     model = GPT(GPTConfig(block_size=L, vocab_size=60, n_layer=2, n_head=2, n_embd=16)).eval()
     units = np.random.default_rng(2).integers(0, 59, size=(4, 4 * L + 1))
-    out = protocols.bojone(model, units, L, 8, protocols.donors([0, 0, 1, 1], np.random.default_rng(0)), 59,
+    out = protocols.bojone(model, units, L, 8, swap.donors([0, 0, 1, 1], np.random.default_rng(0)), 59,
                            specs=["none", "yarn"])
     assert (out["same"]["crop"] == out["swapped"]["crop"]).all()
     for spec in ("none", "yarn"):
