@@ -1,5 +1,6 @@
-"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, a run's model and data, a
-training's data. The run folder (checkpoints, locks, resume) is runfolder.py's; the torch-free helpers common.py's."""
+"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, a run's model and
+data, a training's data. The run folder (checkpoints, locks, resume) is runfolder.py's; the torch-free helpers
+common.py's."""
 import importlib
 from contextlib import nullcontext
 
@@ -18,7 +19,8 @@ def autocast(dtype, device_type):
     """(dtype name, context for the forward pass): mixed precision through autocast, float32 as is."""
     if dtype == "auto":
         dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    return dtype, nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    return dtype, (nullcontext() if dtype == "float32"
+                   else torch.autocast(device_type, dtype=getattr(torch, dtype)))
 
 
 def peak_flops(device_type):
@@ -27,7 +29,8 @@ def peak_flops(device_type):
 
 
 def throughput(tokens, seconds, flops_per_token, peak, world):
-    """(tokens/s, FLOP/s, MFU) of all processes: tokens counts every process's, so MFU divides by world peaks."""
+    """(tokens/s, FLOP/s, MFU) of all processes: tokens counts every process's, so MFU divides by world
+    peaks."""
     tok_s = tokens / seconds
     flops = flops_per_token * tok_s
     return tok_s, flops, flops / (peak * world) if peak else None
@@ -38,7 +41,8 @@ def model_from_checkpoint(ckpt, config=None):
     if "pretrained" in ckpt:  # no random init of weights about to be replaced (billions of draws at 7B)
         with torch.device("meta"):
             model = GPT(checkpoint_config(ckpt))
-        weights = ckpt["model"]  # in float32 as a trained run's, each file tensor let go as its copy replaces it
+        # in float32 as a trained run's, each file tensor let go as its copy replaces it
+        weights = ckpt["model"]
         for name in weights:
             weights[name] = weights[name].float()
         model.load_state_dict(weights, assign=True)
@@ -49,14 +53,16 @@ def model_from_checkpoint(ckpt, config=None):
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UserError(f"checkpoint weights do not match its model config: {str(e).splitlines()[0]}") from None
+        raise UserError(f"checkpoint weights do not match its model config: "
+                        f"{str(e).splitlines()[0]}") from None
     return model
 
 
 
 def load_run(run_dir, device="cpu"):
-    """(model in eval mode on device, checkpoint, dataset dir, weights_id: the id of the bytes the model was loaded
-    from); a bad checkpoint, or data the run cannot read (another vocabulary or tokenizer): a one-line error."""
+    """(model in eval mode on device, checkpoint, dataset dir, weights_id: the id of the bytes the model was
+    loaded from); a bad checkpoint, or data the run cannot read (another vocabulary or tokenizer): a one-line
+    error."""
     ckpt, weights = read_checkpoint(run_dir, device)
     if "pretrained" in ckpt:
         return pretrained_run(run_dir, ckpt, device), ckpt, data_dir(ckpt["config"]["dataset"]), weights
@@ -65,30 +71,35 @@ def load_run(run_dir, device="cpu"):
     if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
         # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
         raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
-                         f"trained with vocab_size {ckpt['model_args']['vocab_size']}; re-prepare the data to match")
-    if tokenizer := (ckpt.get("data") or {}).get("tokenizer"):  # older checkpoints: the vocabulary only
-        check_tokenizer(folder, tokenizer, f"data {folder}", run_dir, "read it on text prepared as its training "
+                         f"trained with vocab_size {ckpt['model_args']['vocab_size']}; "
+                         "re-prepare the data to match")
+    # older checkpoints: the vocabulary only
+    if tokenizer := (ckpt.get("data") or {}).get("tokenizer"):
+        check_tokenizer(folder, tokenizer, f"data {folder}", run_dir,
+                        "read it on text prepared as its training "
                         "text was (the same --vocab_size or --tokenizer)")
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder, weights
 
 
 def pretrained_run(run_dir, ckpt, device):
-    """load_run's model for a converted pretrained model: its held-out text must be tokenized by its own tokenizer."""
+    """load_run's model for a converted pretrained model: its held-out text must be tokenized by its own
+    tokenizer."""
     record = ckpt["pretrained"]
     prepare = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
                f"python pretrained.py {record['folder']} --out NEW_RUN --dataset NAME")
     if ckpt["config"]["dataset"] is None:
         raise UserError(f"{run_dir} was converted with no held-out text: {prepare}")
-    check_tokenizer(data_dir(ckpt["config"]["dataset"]), record["tokenizer"], f"data {data_dir(ckpt['config']['dataset'])}",
-                    run_dir, prepare)
+    check_tokenizer(data_dir(ckpt["config"]["dataset"]), record["tokenizer"],
+                    f"data {data_dir(ckpt['config']['dataset'])}", run_dir, prepare)
     return model_from_checkpoint(ckpt).to(device).eval()
 
 
 # ----------------------------------------------------------------------------- a training's data
 
 def training_data(config, master, ddp):
-    """(meta, {split: tokens}) of the run's dataset, a built-in corpus prepared on first use (by the master process,
-    before the others look); every file checked against meta.json's sha256s, and a row of block_size + 1 fitting."""
+    """(meta, {split: tokens}) of the run's dataset, a built-in corpus prepared on first use (by the master
+    process, before the others look); every file checked against meta.json's sha256s, and a row of
+    block_size + 1 fitting."""
     folder = data_dir(config["dataset"])
     if master and (corpus := builtin(config["dataset"])) and not (folder / "meta.json").exists():
         print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
@@ -100,7 +111,8 @@ def training_data(config, master, ddp):
     for s, tokens in splits.items():
         if len(tokens) <= config["block_size"]:
             raise UserError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
-                            f"({len(tokens)} tokens, a row takes block_size + 1): " + (f"use block_size <= {len(tokens) - 1}"
-                            if len(tokens) > MIN_BLOCK_SIZE else f"too few for any model; prepare more {s} text "
-                            "(more documents, or a val_fraction nearer 0.5)"))
+                            f"({len(tokens)} tokens, a row takes block_size + 1): "
+                            + (f"use block_size <= {len(tokens) - 1}" if len(tokens) > MIN_BLOCK_SIZE
+                               else f"too few for any model; prepare more {s} text "
+                               "(more documents, or a val_fraction nearer 0.5)"))
     return meta, splits

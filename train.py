@@ -1,4 +1,5 @@
-"""Train a small GPT at a short context length (keys, checkpoints, fine-tuning: docs/reference.md, "Training").
+"""Train a small GPT at a short context length (keys, checkpoints, fine-tuning: docs/reference.md,
+"Training").
 
     python train.py configs/rope_small.py [--key=value ...]
     torchrun --standalone --nproc_per_node=8 train.py configs/rope_small.py   # DDP, one node
@@ -63,8 +64,8 @@ def inputs_targets(rows, device):
 
 @torch.no_grad()
 def estimate_loss(model, splits, config, ctx, device, copy_vocab):
-    """Mean loss on fixed batches of each split; with retrieval_mix, the top-1 accuracy on the retrieval rows' known
-    tokens (data/synthetic.py's retrieval_check: copy_top1 or mqar_acc)."""
+    """Mean loss on fixed batches of each split; with retrieval_mix, the top-1 accuracy on the retrieval rows'
+    known tokens (data/synthetic.py's retrieval_check: copy_top1 or mqar_acc)."""
     model.eval()
     rng = np.random.default_rng(0)  # the same batches at every evaluation, so the curve is not noise
     B, T = config["batch_size"], config["block_size"]
@@ -99,27 +100,29 @@ def rank0_losses(t):
 
 
 def evaluate_and_save(t, iter_num, lr, best_val_loss, saved):
-    """Evaluate (printed, into log.jsonl and wandb) and checkpoint at iter_num: returns (best_val_loss, the iteration of
-    the last checkpoint). Every process calls it; rank 0 writes."""
+    """Evaluate (printed, into log.jsonl and wandb) and checkpoint at iter_num: returns (best_val_loss, the
+    iteration of the last checkpoint). Every process calls it; rank 0 writes."""
     losses = rank0_losses(t)
     if not math.isfinite(losses["train"] + losses["val"]):  # NaN weights are no checkpoint
-        raise UserError(f"the loss is not finite at iter {iter_num} (train {losses['train']}, val {losses['val']}): "
-                        f"training diverged; lower learning_rate (now {t.config['learning_rate']:g}) or raise "
-                        f"warmup_iters" + ("" if saved is None else f" (the checkpoint at iter {saved} is kept)"))
+        raise UserError(f"the loss is not finite at iter {iter_num} (train {losses['train']}, "
+                        f"val {losses['val']}): training diverged; lower learning_rate "
+                        f"(now {t.config['learning_rate']:g}) or raise warmup_iters"
+                        + ("" if saved is None else f" (the checkpoint at iter {saved} is kept)"))
     best_val_loss = min(best_val_loss, losses["val"])
     if t.master:
         report(t, iter_num, lr, losses)
     if iter_num == 0 and 0 not in t.config["keep_iters"]:  # the starting point: a checkpoint if kept
         return best_val_loss, saved
     if t.master:
-        save_checkpoint(t.out_dir, checkpoint(t, iter_num, best_val_loss), keep=iter_num in t.config["keep_iters"])
+        save_checkpoint(t.out_dir, checkpoint(t, iter_num, best_val_loss),
+                        keep=iter_num in t.config["keep_iters"])
     return best_val_loss, iter_num
 
 
 def checkpoint(t, iter_num, best_val_loss):
-    """What ckpt.pt holds: the weights and optimizer, what the run was trained from (its config after the overrides,
-    its data's identity, its origin: what a resume and a study's reuse compare against), its log and the random
-    streams a resume draws on from."""
+    """What ckpt.pt holds: the weights and optimizer, what the run was trained from (its config after the
+    overrides, its data's identity, its origin: what a resume and a study's reuse compare against), its log
+    and the random streams a resume draws on from."""
     return {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(), "iter_num": iter_num,
             "model_args": asdict(t.model.config), "best_val_loss": best_val_loss, "origin": t.origin,
             "config": t.config, "data": data_identity(t.meta), "log": t.log,
@@ -155,7 +158,7 @@ def open_wandb(config, out_dir):
 
 
 def train(config):
-    # ------------------------------------------------------------------ set-up: processes, data, model, optimizer
+    # -------------------------------------------------------------- set-up: processes, data, model, optimizer
     ddp = int(os.environ.get("RANK", -1)) != -1
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     device = pick_device(config["device"])
@@ -174,7 +177,8 @@ def train(config):
         meta, splits = training_data(config, master, ddp)
         rng = np.random.default_rng(config["seed"] + rank)
         iter_num, best_val_loss, log = 0, float("inf"), []
-        ckpt, origin = (None, None) if config["init_from"] == "scratch" else start_checkpoint(config, meta, device)
+        ckpt, origin = ((None, None) if config["init_from"] == "scratch"
+                        else start_checkpoint(config, meta, device))
         if config["init_from"] == "resume":
             iter_num, best_val_loss, log = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log"]
             if master:
@@ -185,9 +189,12 @@ def train(config):
                 rng = np.random.default_rng([config["seed"], rank, iter_num])
             print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
         elif ckpt is not None:
-            print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at {origin['train_len']}): "
-                  f"weights loaded, a fresh optimizer, block_size {config['block_size']}, rope_scaling {config['rope_scaling']}"
-                  + (", pos_emb rope -> none (DroPE: the rotation dropped)" if ckpt["model_args"]["pos_emb"] != config["pos_emb"] else ""))
+            print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, "
+                  f"trained at {origin['train_len']}): "
+                  f"weights loaded, a fresh optimizer, block_size {config['block_size']}, "
+                  f"rope_scaling {config['rope_scaling']}"
+                  + (", pos_emb rope -> none (DroPE: the rotation dropped)"
+                     if ckpt["model_args"]["pos_emb"] != config["pos_emb"] else ""))
 
         gptconf = model_config(config, meta["vocab_size"], origin and origin["train_len"])
         model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
@@ -206,12 +213,13 @@ def train(config):
         tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
         peak = peak_flops(device_type)
         if master:
-            print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab {meta['vocab_size']}, "
+            print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, "
+                  f"vocab {meta['vocab_size']}, "
                   f"{tokens_per_iter:,} tokens/iter, device {device}, {dtype}, {world} process(es)")
         wandb_run = open_wandb(config, out_dir) if master and config["wandb_log"] else None
         training = Training(config=config, model=raw_model, optimizer=optimizer, meta=meta, splits=splits,
-                            copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx, device=device,
-                            wandb=wandb_run, master=master, ddp=ddp)
+                            copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx,
+                            device=device, wandb=wandb_run, master=master, ddp=ddp)
 
         # ------------------------------------------------------------------ the loop
         t0, timed_from = time.time(), iter_num
@@ -221,7 +229,8 @@ def train(config):
                 lr = lr_at(iter_num, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                if iter_num % config["eval_interval"] == 0 or iter_num in (config["max_iters"], *config["keep_iters"]):
+                if (iter_num % config["eval_interval"] == 0
+                        or iter_num in (config["max_iters"], *config["keep_iters"])):
                     best_val_loss, saved = evaluate_and_save(training, iter_num, lr, best_val_loss, saved)
                     t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
                 if iter_num >= config["max_iters"]:
@@ -247,16 +256,18 @@ def train(config):
                 if iter_num % config["log_interval"] == 0 and master:
                     if device_type == "cuda":
                         torch.cuda.synchronize()
-                    tok_s, flops, mfu = throughput(tokens_per_iter * (iter_num - timed_from), time.time() - t0,
-                                                   raw_model.flops_per_token(config["block_size"]), peak, world)
+                    tok_s, flops, mfu = throughput(
+                        tokens_per_iter * (iter_num - timed_from), time.time() - t0,
+                        raw_model.flops_per_token(config["block_size"]), peak, world)
                     t0, timed_from = time.time(), iter_num
                     print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
                           f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * mfu:.1f}%" if peak else ""))
                     if wandb_run:
-                        wandb_run.log({"iter": iter_num, "train/step_loss": loss.item() * gas, "tokens_per_s": tok_s})
+                        wandb_run.log({"iter": iter_num, "train/step_loss": loss.item() * gas,
+                                       "tokens_per_s": tok_s})
         except KeyboardInterrupt:  # for run_cli's one line: where it stopped and how to go on
-            raise KeyboardInterrupt(f"at iter {iter_num}; resume with --init_from=resume" + ("" if saved is None else
-                                    f" (from its checkpoint at iter {saved})")) from None
+            raise KeyboardInterrupt(f"at iter {iter_num}; resume with --init_from=resume" + (
+                "" if saved is None else f" (from its checkpoint at iter {saved})")) from None
         if wandb_run:
             wandb_run.finish()
     if ddp:  # the DDP wrapper holds the process group and sits in reference cycles: freed first, or gloo can

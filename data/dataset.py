@@ -1,5 +1,5 @@
-"""The prepared-dataset format (docs/reference.md, "Data") and its checked readers: batches and document windows. Its
-writer, for data/*/prepare.py, is data/writer.py."""
+"""The prepared-dataset format (docs/reference.md, "Data") and its checked readers: batches and document
+windows. Its writer, for data/*/prepare.py, is data/writer.py."""
 import json
 from contextlib import suppress
 from pathlib import Path
@@ -10,9 +10,12 @@ from common import UserError, file_sha256, write_atomic
 
 SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
-VOCAB_SIZE = 2048  # GPT-2 BPE's first 2047 merges + EOT: the output layer dominates a small model on a CPU (README)
-SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # data/shakespeare/prepare.py's; else shakespeare_v<N>
-VERIFY_ONCE_BYTES = 1 << 30  # a file larger than this is hashed once, then trusted while its size and mtime stay
+# GPT-2 BPE's first 2047 merges + EOT: the output layer dominates a small model on a CPU (README)
+VOCAB_SIZE = 2048
+# data/shakespeare/prepare.py's; else shakespeare_v<N>
+SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}
+# a file larger than this is hashed once, then trusted while its size and mtime stay
+VERIFY_ONCE_BYTES = 1 << 30
 UINT16_IDS = 1 << 16  # a vocabulary of up to this many ids is stored as uint16, else as uint32 (Llama 3)
 
 
@@ -23,7 +26,8 @@ def shakespeare_vocab(name):
 
 
 def builtin(name):
-    """The folder data/<folder>/prepare.py of the built-in corpus `name` (train.py prepares it on first use), else None."""
+    """The folder data/<folder>/prepare.py of the built-in corpus `name` (train.py prepares it on first use),
+    else None."""
     return "shakespeare" if shakespeare_vocab(name) else "sympy" if name == "sympy" else None
 
 
@@ -58,9 +62,9 @@ def check_ids(meta, where, fix):
 
 
 def check_tokenizer(data_dir, identity, what, model, fix):
-    """data_dir's text refused unless the tokenizer of that identity (a model's tokenizer.json, or "gpt2") tokenized
-    it: another tokenizer's ids would mean other tokens. what: the text as the user named it; model: the model's
-    folder or run; fix: what to do."""
+    """data_dir's text refused unless the tokenizer of that identity (a model's tokenizer.json, or "gpt2")
+    tokenized it: another tokenizer's ids would mean other tokens. what: the text as the user named it; model:
+    the model's folder or run; fix: what to do."""
     if (theirs := load_meta(data_dir)["tokenizer"]) != identity:
         ours = "tokenizer.json" if isinstance(identity, dict) else f"tokenizer ({identity})"
         raise UserError(f"{what} was tokenized with {theirs}, not {model}'s {ours}: its ids would mean other "
@@ -68,15 +72,18 @@ def check_tokenizer(data_dir, identity, what, model, fix):
 
 
 def load_meta(data_dir, verify=True):
-    """meta.json, and (verify) every data file checked against its size and sha256 (once, if over VERIFY_ONCE_BYTES)."""
+    """meta.json, and (verify) every data file checked against its size and sha256 (once, if over
+    VERIFY_ONCE_BYTES)."""
     folder, fix = Path(data_dir), f"re-prepare it: {prepare_command(data_dir)}"
     if not (folder / "meta.json").is_file():
-        raise FileNotFoundError(f"no prepared data in {data_dir} (missing meta.json); run: {prepare_command(data_dir)}")
+        raise FileNotFoundError(f"no prepared data in {data_dir} (missing meta.json); "
+                                f"run: {prepare_command(data_dir)}")
     try:
         meta = json.loads((folder / "meta.json").read_text())
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or a meta.json without the files' checksums
-        raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+        raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); "
+                        f"{fix}") from None
     check_ids(meta, folder / "meta.json", fix)
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
@@ -85,7 +92,8 @@ def load_meta(data_dir, verify=True):
         path = folder / name
         actual = path.stat() if path.is_file() else None
         if not actual or actual.st_size != size:
-            raise UserError(f"{path} {f'has {actual.st_size} bytes, meta.json says {size}' if actual else 'is missing'}; {fix}")
+            raise UserError(f"{path} " + (f"has {actual.st_size} bytes, meta.json says {size}"
+                                          if actual else "is missing") + f"; {fix}")
         key = [size, actual.st_mtime_ns, sha]
         if verify and not (size > VERIFY_ONCE_BYTES and stamps.get(name) == key) and file_sha256(path) != sha:
             raise UserError(f"{path} is damaged: its sha256 is not meta.json's; {fix}")
@@ -102,30 +110,35 @@ def load_split(data_dir, split):
     if split not in SPLITS:
         raise UserError(f"split={split!r} is not allowed; use one of {SPLITS}")
     dtype, folder = token_dtype(load_meta(data_dir, verify=False)), Path(data_dir)
-    if (folder / f"{split}.bin").stat().st_size == 0:  # held-out text only has no train split; numpy maps no empty file
+    # held-out text only has no train split; numpy maps no empty file
+    if (folder / f"{split}.bin").stat().st_size == 0:
         return np.zeros(0, dtype), np.load(folder / f"{split}_docs.npy")
     return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), np.load(folder / f"{split}_docs.npy")
 
 
 def held_out(docs, which):
-    """The held-out documents [(start, end)] scored: all, or the dev (even-numbered) or test (odd-numbered) half, a split
-    by whole file made once, the same for every run of a corpus (files in name order)."""
+    """The held-out documents [(start, end)] scored: all, or the dev (even-numbered) or test (odd-numbered)
+    half, a split by whole file made once, the same for every run of a corpus (files in name order)."""
     chosen = {"all": docs, "dev": docs[0::2], "test": docs[1::2]}[which]
     if not len(chosen):
-        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), none of them {which}; "
+        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), "
+                        f"none of them {which}; "
                         "use --docs all, or a corpus with at least 2 held-out documents")
     return chosen
 
 
 def get_rows(tokens, batch_size, block_size, rng):
-    """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing EOTs; len(tokens) > T."""
-    ix = rng.integers(0, len(tokens) - block_size, size=batch_size)  # high is exclusive: the last target is the last token
+    """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing EOTs;
+    len(tokens) > T."""
+    # high is exclusive: the last target is the last token
+    ix = rng.integers(0, len(tokens) - block_size, size=batch_size)
     return np.stack([tokens[i:i + block_size + 1] for i in ix]).astype(np.int64)
 
 
 def doc_windows(docs, length, n_windows, rng):
-    """Sorted starts of up to n_windows windows of `length` tokens, each inside a document: of the aligned windows
-    start + k*length of every document, all, or n_windows drawn without replacement (spread by document length)."""
+    """Sorted starts of up to n_windows windows of `length` tokens, each inside a document: of the aligned
+    windows start + k*length of every document, all, or n_windows drawn without replacement (spread by
+    document length)."""
     docs = np.asarray(docs, dtype=np.int64).reshape(-1, 2)
     doc_lens = docs[:, 1] - docs[:, 0]
     longest = int(doc_lens.max()) if len(doc_lens) else 0
@@ -142,14 +155,17 @@ def doc_windows(docs, length, n_windows, rng):
 
 
 def in_tokens(multiples, option, train_len, docs):
-    """--option's multiples of the training length in tokens, each at least one and short enough for a window (with its
-    shifted target) inside the longest held-out document: else a one-line error in the option's own unit."""
+    """--option's multiples of the training length in tokens, each at least one and short enough for a window
+    (with its shifted target) inside the longest held-out document: else a one-line error in the option's own
+    unit."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) if len(docs) else 0
     for m in multiples:
         if round(m * train_len) < 1:
-            raise UserError(f"--{option} {m:g} is under one token at training length {train_len}; use a larger multiple")
+            raise UserError(f"--{option} {m:g} is under one token at training length {train_len}; "
+                            "use a larger multiple")
         if round(m * train_len) >= longest:
-            raise UserError(f"--{option} {m:g} is {m * train_len:,.6g} tokens, and the longest held-out document has "
-                            f"{longest:,}: use --{option} below {(longest - 1) / train_len:.4g} (multiples of the training "
+            raise UserError(f"--{option} {m:g} is {m * train_len:,.6g} tokens, and the longest held-out "
+                            f"document has {longest:,}: use --{option} below "
+                            f"{(longest - 1) / train_len:.4g} (multiples of the training "
                             f"length {train_len})")
     return [round(m * train_len) for m in multiples]
