@@ -253,7 +253,7 @@ def loss_table(found, L, methods):
         crop = dict(got.get(f"crop@{key}", []))
         lines += [f"\n**{key} ({round(float(key[:-1]) * L)} tokens)**: mean NLL by the target's position, and past L "
                   "minus crop on the same documents (negative: the longer context helps; 95% interval over "
-                  "documents).\n", "| method | documents | within L | past L | past L minus crop |",
+                  "documents, no more than indicative below 8 of them).\n", "| method | documents | within L | past L | past L minus crop |",
                   "| --- | ---: | ---: | ---: | ---: |"]
         for spec in methods:
             units = dict(got.get(f"{spec}@{key}", []))
@@ -356,6 +356,8 @@ def write_report(found, L, a, ckpt, command):
              "the length's factor (passkey and loss) or the longest input's (bojone). Each cell counts the items it "
              "rests on; intervals are 95%, bootstrap over documents.\n",
              "## Passkey (greedy exact match, teacher-forced)\n",
+             "Readings in flight while the machine was paused for a benchmark count the pause in their seconds. "
+             "One trial a cell is an anecdote, not a rate.\n",
              "The key's line at a depth of the filler (0: first, 1: just before the question); at 2x a key at depth "
              "below about 0.5 lies more than L before the question, where crop cannot see it.\n",
              "| method | " + " | ".join(f"depth {d:g}" for d in DEPTHS) + " |", "| --- |" + " ---: |" * len(DEPTHS)]
