@@ -222,7 +222,8 @@ def main(argv):
     items = Items(out)
     if a.page:
         return write_report(items.all(), L, a, ckpt, " ".join(["python lab/long_context.py", *map(shlex.quote, argv)]))
-    tokens, docs = (load_split(data_dir, "val")[0], held_out(load_split(data_dir, "val")[1], a.docs)) if text else (None, None)
+    tokens, docs = load_split(data_dir, "val") if text else (None, None)
+    docs = held_out(docs, a.docs) if text else None
     for stage in a.stages:
         if stage == "passkey":
             passkey_items(items, model, tokenizer.encode_ordinary, L, a, rotary_dim)
