@@ -71,11 +71,14 @@ def mean_rows(model, rows, last, how):
 
 def bojone(model, units, L, rotary_dim, donor, eot, specs=None, lengths=LENGTHS, crop_stride=1):
     """{arm: {row: per-unit mean NLL of the final L targets}}: exact crop, and each method at kL of input for k in
-    lengths (every factor fixed at the longest's), on the real units and on the swapped ones (swap_prefix).
-    crop_stride > 1: crop strided (score_cropped)."""
+    lengths (every factor fixed at the longest's), on the real units, on the swapped ones (swap_prefix) and, where the
+    units reach back far enough, on the own-document control. crop_stride > 1: crop strided (score_cropped)."""
     k_max = max(lengths)
     same = units[:, -(k_max * L + 1):]
     arms = {"same": same, "swapped": swap_prefix(same, same[donor], L, eot)}
+    if units.shape[1] >= same.shape[1] + (k_max - 2) * L + 1:
+        # the control: the prefix from earlier in the unit's own document, no end-of-text token
+        arms["own document"] = swap_prefix(same, units, L)
     out = {}
     for arm, rows_ in arms.items():
         out[arm] = {"crop": score_cropped(model, rows_, L, L, crop_stride)[0].mean(axis=1)}
@@ -166,7 +169,7 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     # NTK-mixed's pairs are the rotating ones: a partial rotary factor (Pythia's 0.25) leaves the rest unrotated
     rotary_dim = model.config.rotary_dim
     units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
-    ids = dict(version=2, small=small_id, tuned=tuned_id, docs=docs_name, units=units_n,
+    ids = dict(version=3, small=small_id, tuned=tuned_id, docs=docs_name, units=units_n,
                **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key
     cache = small / f"protocols_{docs_name}.json"
     if cache.is_file() and (done := json.loads(cache.read_text())).get("ids") == ids:
@@ -285,14 +288,21 @@ SU_WINDOW = ("window attention, trained", 48.15, 80.84)
 def bojone_contrasts(results):
     """{row: {name: [seeds, units]}} of bojone's decomposition on the final L targets: minus crop at each input;
     reads past L at kL, the method on the real units minus on the swapped ones (negative: it gains from the tokens
-    more than L back); its distortion at kL, on the swapped units minus crop (crop is the same on both arms)."""
+    more than L back); its distortion at kL, on the swapped units minus crop (crop is the same on both arms). With the
+    own-document control: own text, the real units minus the control (what the text at its own place gives beyond
+    its document's other text), and splice, the control minus the swapped arm (what another document and the
+    end-of-text token cost); the two add up to reads past L."""
     same, swapped = per_unit(results, "bojone", "same"), per_unit(results, "bojone", "swapped")
+    own = per_unit(results, "bojone", "own document") if "own document" in results[0]["bojone"] else None
     lengths = sorted(int(k.split("@")[1][:-1]) for k in same if k.startswith("none@"))
     out = {}
     for spec in read_rows(results):
         rows = {f"minus crop {k}L": same[f"{spec}@{k}L"] - same["crop"] for k in lengths}
         rows.update({f"reads past L {k}L": same[f"{spec}@{k}L"] - swapped[f"{spec}@{k}L"] for k in lengths})
         rows.update({f"distortion {k}L": swapped[f"{spec}@{k}L"] - swapped["crop"] for k in lengths})
+        if own:
+            rows.update({f"own text {k}L": same[f"{spec}@{k}L"] - own[f"{spec}@{k}L"] for k in lengths})
+            rows.update({f"splice {k}L": own[f"{spec}@{k}L"] - swapped[f"{spec}@{k}L"] for k in lengths})
         out[spec] = rows
     return out, lengths
 
@@ -302,7 +312,8 @@ def bojone_section(rung, results, L):
     contrasts, lengths = bojone_contrasts(results)
     far = [k for k in lengths if k >= 3]
     handicap = ci(same["none@1L"] - same["crop"], results)
-    crop_moves = float(np.abs(per_unit(results, "bojone", "swapped")["crop"] - same["crop"]).max())
+    crop_moves = max(float(np.abs(per_unit(results, "bojone", arm)["crop"] - same["crop"]).max())
+                     for arm in results[0]["bojone"] if arm != "same")
     lines = [f"### bojone/rerope's protocol, rung {rung}\n",
              f"Exact crop on the final L targets: {cell(same['crop'])}. The whole-window reading at L (RoPE as trained, "
              "its targets with 0 to L - 1 tokens of context) minus crop, the baseline's handicap: "
@@ -325,6 +336,25 @@ def bojone_section(rung, results, L):
         cells += [interval_text(ci(rows[f"{what} {k}L"], results)) for k in far for what in ("distortion", "reads past L")]
         cells.append(f"{np.abs(rows['reads past L 1L']).max():.1g}")
         lines.append(f"| {name} | {pub} | {at} | " + " | ".join(cells) + " |")
+    if "own document" in results[0]["bojone"]:
+        lines += own_document_table(contrasts, results, far)
+    return lines
+
+
+def own_document_table(contrasts, results, far):
+    """The control that splits reads past L: the same rows with the prefix from earlier in the unit's own document."""
+    lines = ["\nThe own-document control: the same prefix replaced instead by the unit's own document's text from "
+             "further back (the 2L + 1 tokens 4L before their place, no end-of-text token; crop again unchanged). "
+             "**Own text** is the real units minus the control (negative: the method gains from the very text more "
+             "than L back, beyond other text of its document); **splice** is the control minus the swapped arm "
+             "(negative: the foreign document and its end-of-text token cost the method, not the text it lost). The "
+             "two add up to reads past L.\n",
+             "| row | " + " | ".join(f"reads past L {k}L | own text {k}L | splice {k}L" for k in far) + " |",
+             "| --- | " + " | ".join("---: | ---: | ---:" for _ in far) + " |"]
+    for spec, rows in contrasts.items():
+        cells = [interval_text(ci(rows[f"{what} {k}L"], results))
+                 for k in far for what in ("reads past L", "own text", "splice")]
+        lines.append(f"| `{spec}` | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -461,7 +491,7 @@ def plot(rungs, per_rung):
 
 def metrics(per_rung):
     """Summary metrics a runs table compares across pages, means over seeds and units: per rung bojone's decomposition
-    (protocols/<rung>/bojone/<row>/{minus_crop_kL,distortion_kL,reads_past_L_kL}, the handicap), Su's accuracies and
+    (protocols/<rung>/bojone/<row>/{minus_crop_kL,distortion_kL,reads_past_L_kL,own_text_kL,splice_kL}, the handicap), Su's accuracies and
     Press's and YaRN's readings."""
     out = {}
     for rung, results in per_rung.items():

@@ -48,15 +48,17 @@ def donors(unit_docs, rng):
     return out
 
 
-def swap_prefix(rows, donor_rows, L, eot):
+def swap_prefix(rows, donor_rows, L, eot=None):
     """rows [N, kL + 1] with every token more than L before the first final target (x_0 .. x_(k-2)L, in no final
-    target's exact-crop window) replaced: the donors' tokens, then the end-of-text token at the splice as between
-    documents in training. Exact crop of the final L targets reads none of them; a suffix of jL + 1 tokens has its
-    x_0 .. x_(j-2)L replaced alike, so one swapped row serves every shorter input."""
+    target's exact-crop window) replaced by the donors' tokens, and the end-of-text token at the splice as between
+    documents in training (eot None: none, the donor's own token: a donor from the same document). Exact crop of the
+    final L targets reads none of them; a suffix of jL + 1 tokens has its x_0 .. x_(j-2)L replaced alike, so one
+    swapped row serves every shorter input."""
     cut = rows.shape[1] - 1 - 2 * L  # (k - 2)L: the splice
     if cut < 0:
         return rows.copy()
     out = rows.copy()
-    out[:, :cut] = donor_rows[:, :cut]
-    out[:, cut] = eot
+    out[:, :cut + 1] = donor_rows[:, :cut + 1]
+    if eot is not None:
+        out[:, cut] = eot
     return out

@@ -94,13 +94,27 @@ def test_exact_crop_is_bit_identical_on_both_arms_and_the_1L_null_is_zero():
     torch.manual_seed(0)
     L = 8
     model = GPT(GPTConfig(block_size=L, vocab_size=60, n_layer=2, n_head=2, n_embd=16)).eval()
-    units = np.random.default_rng(2).integers(0, 59, size=(4, 4 * L + 1))
+    units = np.random.default_rng(2).integers(0, 59, size=(4, 8 * L + 1))  # room for the own-document control
     out = protocols.bojone(model, units, L, 8, swap.donors([0, 0, 1, 1], np.random.default_rng(0)), 59,
                            specs=["none", "yarn"])
-    assert (out["same"]["crop"] == out["swapped"]["crop"]).all()
-    for spec in ("none", "yarn"):
-        assert (out["same"][f"{spec}@1L"] == out["swapped"][f"{spec}@1L"]).all()
-        assert not np.allclose(out["same"][f"{spec}@4L"], out["swapped"][f"{spec}@4L"])  # the swap is read
+    for arm in ("swapped", "own document"):
+        assert (out["same"]["crop"] == out[arm]["crop"]).all()
+        for spec in ("none", "yarn"):
+            assert (out["same"][f"{spec}@1L"] == out[arm][f"{spec}@1L"]).all()
+            assert not np.allclose(out["same"][f"{spec}@4L"], out[arm][f"{spec}@4L"])  # the swap is read
+    short = protocols.bojone(model, units[:, -(4 * L + 1):], L, 8, [1, 0, 3, 2], 59, specs=["none"])
+    assert "own document" not in short  # no earlier text of the unit's own to draw on
+
+
+def test_the_own_document_prefix_is_the_units_earlier_text_and_keeps_the_rest():
+    L = 4
+    units = np.arange(2 * (8 * L + 1)).reshape(2, -1)
+    rows = units[:, -(4 * L + 1):]
+    own = swap.swap_prefix(rows, units, L)
+    assert (own[:, :2 * L + 1] == units[:, :2 * L + 1]).all()  # x_0 .. x_2L: 4L further back, no end-of-text
+    assert (own[:, 2 * L + 1:] == rows[:, 2 * L + 1:]).all()  # every final target's crop window kept
+    foreign = swap.swap_prefix(rows, rows[::-1], L, eot=-1)
+    assert (foreign[:, 2 * L] == -1).all() and (foreign[:, :2 * L] == rows[::-1, :2 * L]).all()
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +142,7 @@ def unigram(run):
 def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, tmp_path, wandb_dir):
     protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--no-wandb", "--out", str(tmp_path / "page")])
     page = (tmp_path / "page" / "shapes.md").read_text()
-    for published in ("1.4996 / 1.4267 / 1.4001", "3.356", "20.07", "48.85 / 82.40"):
+    for published in ("1.4996 / 1.4267 / 1.4001", "3.356", "20.07", "48.85 / 82.40", "own-document control"):
         assert published in page
     result = json.loads((rung / "code_small_seed0" / "protocols_test.json").read_text())
     same = result["bojone"]["same"]
@@ -141,7 +155,8 @@ def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, t
     assert logged["run"].job_type == "protocols"
     assert logged["summary"]["protocols/L16/bojone/handicap"] == pytest.approx(0, abs=1e-5)
     assert logged["summary"]["protocols/L16/bojone/rerope/reads_past_L_4L"] == pytest.approx(0, abs=1e-5)
-    for arm in ("same", "swapped"):
+    assert logged["summary"]["protocols/L16/bojone/rerope/splice_4L"] == pytest.approx(0, abs=1e-5)
+    for arm in ("same", "swapped", "own document"):
         readings = result["bojone"][arm]
         for row, values in readings.items():
             assert values == pytest.approx(readings["crop"], abs=1e-5), (arm, row)
