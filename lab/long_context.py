@@ -39,7 +39,7 @@ from eval.report import png, pyplot
 from eval.score import score_rows
 from lab.crop import score_cropped
 from lab.pages import generated, interval_text
-from lab.swap import donors, method, swap_prefix
+from lab.swap import donors, final_nll, method, swap_prefix
 from lab.stats import interval
 from runfolder import load_checkpoint
 from runtime import load_run, model_from_checkpoint
@@ -153,12 +153,8 @@ def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
                 for j in (1, k):
                     if j == 1 and arm == "swapped":
                         continue  # nothing is swapped in the last L + 1 tokens: the null is zero by construction
-
-                    def compute():
-                        row = rows[i, -(round(j * L) + 1):]
-                        how = method(spec, L, model.config.block_size, len(row) - 1, rotary_dim, float(k))
-                        return dict(nll=float(score_rows(model, row[None], last=L, method=how)[0].mean()))
-                    items.get(f"bojone/{arm}/{spec}@{j:g}L/u{i}", compute)
+                    items.get(f"bojone/{arm}/{spec}@{j:g}L/u{i}", lambda: dict(
+                        nll=float(final_nll(model, rows[i:i + 1], spec, L, j, k, rotary_dim)[0])))
 
 
 def tensors_id(state):

@@ -34,7 +34,7 @@ from lab.crop import score_cropped
 from runtime import load_run
 from lab.pages import generated, interval_text, log_page, write_page
 from lab.stats import interval
-from lab.swap import donors, method, swap_prefix
+from lab.swap import donors, final_nll, method, swap_prefix
 from wandb_runs import key
 
 SU_MIXED = "ntk-mixed:k=8:b=0.625"  # Su's own settings (kexue.fm/archives/9675 and 9706)
@@ -84,8 +84,7 @@ def bojone(model, units, L, rotary_dim, donor, eot, specs=None, lengths=LENGTHS,
         out[arm] = {"crop": score_cropped(model, rows_, L, L, crop_stride)[0].mean(axis=1)}
         for spec in specs or bojone_methods(L, rotary_dim):
             for k in lengths:
-                how = method(spec, L, model.config.block_size, k * L, rotary_dim, float(k_max))
-                out[arm][f"{spec}@{k}L"] = mean_rows(model, rows_[:, -(k * L + 1):], L, how)[0]
+                out[arm][f"{spec}@{k}L"] = final_nll(model, rows_, spec, L, k, k_max, rotary_dim)
     return out
 
 

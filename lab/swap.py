@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from eval.methods import forward_args
+from eval.score import score_rows
 
 NTK_MIXED = (12.0, 0.75)  # bojone's ntk_patch.py: k and b
 
@@ -29,6 +30,14 @@ def method(spec, L, run_len, length, rotary_dim, factor):
     else:
         how = forward_args(name, length, L, run_len, factor)
     return dataclasses.replace(how, logn_len=L) if logn else how
+
+
+def final_nll(model, rows, spec, L, k, k_max, rotary_dim):
+    """Per-row mean NLL of the final L targets of rows read with kL tokens of input, every factor fixed at k_max's (bojone's
+    rows are not dynamic): one reading of bojone's protocol."""
+    rows = rows[:, -(round(k * L) + 1):]
+    how = method(spec, L, model.config.block_size, rows.shape[1] - 1, rotary_dim, float(k_max))
+    return score_rows(model, rows, last=L, method=how)[0].mean(axis=1)
 
 
 def mixed_settings(name):
