@@ -139,22 +139,25 @@ def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
     k = max(a.lengths)
     n = round(k * L)
     usable = [d for d in docs if d[1] - d[0] >= n + 1 + L]  # at least L into the document, as lab/protocols.py
-    starts = [int(d[1]) - n - 1 for d in usable][:a.units]  # each document's last kL + 1 tokens
-    unit_docs = list(range(len(starts)))
-    if len(starts) < 2:
-        raise UserError(f"bojone's protocol at {k:g}L needs two documents of {n + 1 + L} tokens; {len(starts)} found")
-    units = np.stack([tokens[s:s + n + 1] for s in starts]).astype(np.int64)
-    swapped = swap_prefix(units, units[donors(unit_docs, np.random.default_rng(1))], L, eot)
+    ends = [int(d[1]) for d in usable][:a.units]  # each document's last kL + 1 tokens
+    if len(ends) < 2:
+        raise UserError(f"bojone's protocol at {k:g}L needs two documents of {n + 1 + L} tokens; {len(ends)} found")
+    units = np.stack([tokens[e - n - 1:e] for e in ends]).astype(np.int64)
+    swapped = swap_prefix(units, units[donors(range(len(units)), np.random.default_rng(1))], L, eot)
+    # the own-document control where the document holds kL more tokens: the prefix from kL further back
+    own = [swap_prefix(units[i:i + 1], tokens[None, e - 2 * n - 1:e - n], L)[0] if e - 2 * n - 1 >= d[0] else None
+           for i, (e, d) in enumerate(zip(ends, usable))]
     for i in range(len(units)):
         items.get(f"bojone/crop/u{i}", lambda: dict(
             nll=float(score_cropped(model, units[i:i + 1], L, L, a.crop_stride)[0].mean())))
+        arms = [("same", units[i]), ("swapped", swapped[i])] + ([("own", own[i])] if own[i] is not None else [])
         for spec in (m for m in a.methods if m != "crop"):
-            for arm, rows in (("same", units), ("swapped", swapped)):
+            for arm, row in arms:
                 for j in (1, k):
-                    if j == 1 and arm == "swapped":
+                    if j == 1 and arm != "same":
                         continue  # nothing is swapped in the last L + 1 tokens: the null is zero by construction
                     items.get(f"bojone/{arm}/{spec}@{j:g}L/u{i}", lambda: dict(
-                        nll=float(final_nll(model, rows[i:i + 1], spec, L, j, k, rotary_dim)[0])))
+                        nll=float(final_nll(model, row[None], spec, L, j, k, rotary_dim)[0])))
 
 
 def tensors_id(state):
@@ -271,13 +274,15 @@ def loss_table(found, L, methods):
 def bojone_table(found, methods):
     """Rows of the decomposition: per method, with 95% intervals over units (each from its own document)."""
     crop = {name.rsplit("/", 1)[1]: v["nll"] for name, v in found.items() if name.startswith("bojone/crop/")}
-    same, swapped = collect(found, "bojone/same"), collect(found, "bojone/swapped")
+    same, swapped, own = (collect(found, f"bojone/{arm}") for arm in ("same", "swapped", "own"))
     lines = ["| method | units | 1L minus crop | kL minus crop | distortion (swapped kL minus crop) | reads past L "
-             "(real kL minus swapped kL) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "(real kL minus swapped kL) | own text (real minus own-document kL) | splice (own-document minus swapped "
+             "kL) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     ks = sorted({k.split("@")[1] for k in swapped})
     for spec in methods:
         for k in ks:
-            real, swap, one = (dict(d.get(f"{spec}@{x}", [])) for d, x in ((same, k), (swapped, k), (same, "1L")))
+            real, swap, one, mine = (dict(d.get(f"{spec}@{x}", []))
+                                     for d, x in ((same, k), (swapped, k), (same, "1L"), (own, k)))
             units = [u for u in real if u in swap and u in crop]
             if len(units) < 2:
                 continue
@@ -286,8 +291,17 @@ def bojone_table(found, methods):
             lines.append(f"| `{spec}` ({k}) | {len(units)} | "
                          + (interval_text(interval([[one[u]['nll'] - crop[u] for u in at1]])) if len(at1) > 1 else "")
                          + f" | {ci(lambda u: real[u]['nll'] - crop[u])} | {ci(lambda u: swap[u]['nll'] - crop[u])} | "
-                         f"{ci(lambda u: real[u]['nll'] - swap[u]['nll'])} |")
+                         f"{ci(lambda u: real[u]['nll'] - swap[u]['nll'])} | " + split(real, swap, mine, units) + " |")
     return lines
+
+
+def split(real, swap, own, units):
+    """The own-document control's two cells on the units that have it: own text, and splice."""
+    units = [u for u in units if u in own]
+    if len(units) < 2:
+        return " | "
+    return " | ".join(interval_text(interval([[a[u]["nll"] - b[u]["nll"] for u in units]]))
+                      for a, b in ((real, own), (own, swap))) + f" ({len(units)} units)"
 
 
 def passkey_grid(found, methods):
@@ -366,8 +380,10 @@ def write_report(found, L, a, ckpt, command):
     lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
     lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n",
               "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
-              "more than L before the first final target come from another document, so crop is the same on both "
-              "arms. Reads past L negative: the method gains from the tokens more than L back.\n"]
+              "more than L before the first final target come from another document (an end-of-text token at the "
+              "splice), so crop is the same on both arms. Reads past L negative: the method gains from the tokens more "
+              "than L back. The own-document control, where the document holds kL more tokens, takes them from its own "
+              "text kL further back (no end-of-text token): own text and splice split reads past L in two.\n"]
     lines += bojone_table(found, a.methods)
     lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
               "| --- | --- | ---: | ---: | ---: |"] + cost(found)

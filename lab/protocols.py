@@ -373,6 +373,9 @@ def holds_bojone(results, L):
     for r in read_rows(results):
         out[f"`{r}`: reads the tokens more than L back at {top}L (not in the published table)"] = (
             contrasts[r][f"reads past L {top}L"], True)
+        if f"own text {top}L" in contrasts[r]:
+            out[f"`{r}`: reads its own text more than L back at {top}L, the splice aside (not published)"] = (
+                contrasts[r][f"own text {top}L"], True)
     if "ntk-mixed+logn" in contrasts:
         out[f"NTK-logn-mixed: {top}L below 2L"] = same[f"ntk-mixed+logn@{top}L"] - same["ntk-mixed+logn@2L"], True
     out["RoPE as trained: above its L reading at 2L"] = same["none@2L"] - same["none@1L"], False

@@ -48,6 +48,9 @@ def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
     # the swap leaves every token crop reads: at 1L nothing is swapped, so only the real arm is read there
     assert "bojone__same__yarn@1L__u0.json" in items and "bojone__swapped__yarn@1L__u0.json" not in items
     assert items["bojone__same__none@3L__u0.json"]["nll"] != items["bojone__swapped__none@3L__u0.json"]["nll"]
+    # the own-document control (the prefix from the document's own text kL further back): read past L only
+    assert "bojone__own__yarn@3L__u1.json" in items and "bojone__own__yarn@1L__u0.json" not in items
+    assert items["bojone__own__none@3L__u0.json"]["nll"] != items["bojone__same__none@3L__u0.json"]["nll"]
     assert len(items["loss__crop@3x__u0.json"]["nll"]) == 2 * L and len(items["loss__none@3x__u0.json"]["nll"]) == 3 * L
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "test" / "items").glob("*.json")}
     long_context.main(argv)  # everything landed: nothing is read again
@@ -55,7 +58,7 @@ def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
     page = tmp_path / "page" / "lc.md"
     long_context.main(argv + ["--page", str(page)])
     text = page.read_text()
-    assert "## Passkey" in text and "reads past L" in text and "`rerope:window=32+logn` (3L) | 2 |" in text
+    assert "## Passkey" in text and "reads past L" in text and "(2 units) |" in text and "`rerope:window=32+logn` (3L) | 2 |" in text
     assert page.with_suffix(".png").is_file() and json.loads(page.with_suffix(".json").read_text())["items"]
     with pytest.raises(UserError, match="readings of other weights or options"):
         long_context.main([str(run), "--out", str(out), "--crop_stride", "64", "--lengths", "3"])
