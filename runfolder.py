@@ -1,19 +1,17 @@
 """The run folder (docs/reference.md, "Training"): one writer at a time, checkpoints written whole and read
-once, --overwrite=True, kept checkpoints, resume and fine-tune provenance. train.py opens out_dir with
-open_out_dir, saves with save_checkpoint and starts from start_checkpoint."""
+once, --overwrite=True, kept checkpoints, resume and fine-tune provenance, behind train.py's three calls:
+open_out_dir, start_checkpoint, save_checkpoint."""
 import io
 import json
 import os
 import shutil
 from contextlib import contextmanager, suppress
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from common import UserError, claim_output, digest_id, json_text, release_outputs, write_atomic
 from config import DEFAULTS, DROPE_KEYS, FINETUNE_KEYS, MODEL_KEYS, gpt_config
-from model import GPTConfig
 from rope import ORIGINAL, ROPE_TYPES, scaling_type
 
 CHECKPOINT_KEYS = ("model", "model_args", "iter_num", "config")
@@ -29,8 +27,7 @@ KEPT_PREFIX = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, a run 
 # ----------------------------------------------------------------------------- reading a checkpoint
 
 def read_checkpoint(path, device="cpu"):
-    """(checkpoint, weights_id), hashed and loaded from one open file: a checkpoint renamed over the path
-    meanwhile leaves this file its bytes, so the id names the weights loaded."""
+    """(checkpoint, weights_id) from one open file: one renamed over it meanwhile leaves it its bytes."""
     with open(path := checkpoint_file(path), "rb") as f:
         weights = digest_id(f)
         f.seek(0)
@@ -49,7 +46,7 @@ def load_checkpoint(path, device="cpu", mmap=False, file=None):
                         f"({type(e).__name__}: {why})") from None
     if missing := [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]:
         raise UserError(f"checkpoint {path} is not a ropelab checkpoint: missing {', '.join(missing)}")
-    known = {f.name for f in fields(GPTConfig)}
+    known = {*MODEL_KEYS, "vocab_size", "train_len"}
     if not isinstance(ckpt["model_args"], dict) or (unknown := sorted(set(ckpt["model_args"]) - known)):
         what = (f"model_args {', '.join(map(str, unknown))}" if isinstance(ckpt["model_args"], dict)
                 else "no model_args dict")
@@ -75,21 +72,19 @@ def checkpoint_file(path):
 
 
 def checkpoint_config(ckpt):
-    """The checkpoint's GPTConfig; one written before train_len was a field takes it from its origin."""
+    """Its GPTConfig; one written before train_len was a field takes it from its origin."""
     return gpt_config({"train_len": (ckpt.get("origin") or {}).get("train_len"), **ckpt["model_args"]})
 
 
 # ----------------------------------------------------------------------------- one writer, whole folders
 
-def replaced(out_dir):
-    """Where --overwrite=True moves the run in out_dir, whole, until the new run's first checkpoint."""
-    home = Path(out_dir).resolve()
-    return home.with_name(f".{home.name}.replaced")
-
-
-def lock_of(folder):
+def beside(folder, kind):  # .<name>.<kind> beside folder: its lock, or the run an overwrite replaced
     home = Path(folder).resolve()
-    return home.with_name(f".{home.name}.lock")
+    return home.with_name(f".{home.name}.{kind}")
+
+
+def replaced(out_dir):  # where --overwrite=True moves out_dir's run until the new one's first checkpoint
+    return beside(out_dir, "replaced")
 
 
 def run_files(out_dir):
@@ -102,9 +97,9 @@ def kept_folders(out_dir):
 
 
 def claim_run(out_dir, writer, in_use, option):
-    """Hold out_dir's lock (whatever writes it: train.py, pretrained.py), then settle a run an interrupted
-    --overwrite=True left waiting, so that the command's own checks see the run that is there."""
-    claim_output(out_dir, writer, lock=lock_of(out_dir), option=option, in_use=in_use)
+    """Hold out_dir's lock (train.py's, pretrained.py's), then settle a run an --overwrite=True left waiting,
+    so that the command's own checks see the run that is there."""
+    claim_output(out_dir, writer, lock=beside(out_dir, "lock"), option=option, in_use=in_use)
     settle_replaced(Path(out_dir))
 
 
@@ -132,8 +127,8 @@ def settle_replaced(out_dir, finish=False):
 
 
 def replace_run(out_dir, config):
-    """Move the run in out_dir aside whole, one rename (--overwrite=True), holding its kept checkpoints' locks
-    meanwhile: one trained on (now, or before) is a run of its own, refused, never moved."""
+    """Move out_dir's run aside whole (one rename), holding its kept checkpoints' locks meanwhile: one trained
+    on (now or before) is a run of its own, refused."""
     source = config["init_from"]
     if source != "resume" and Path(source).resolve().is_relative_to(out_dir.resolve()):
         raise UserError(f"init_from={source} is out_dir's own checkpoint, which --overwrite=True would "
@@ -144,7 +139,7 @@ def replace_run(out_dir, config):
                         f"replaces the folder whole; give the new run a folder of its own")
     try:
         for kept in kept_runs:
-            claim_output(kept, "train", lock=lock_of(kept), option="--out_dir",
+            claim_output(kept, "train", lock=beside(kept, "lock"), option="--out_dir",
                          in_use=f"--overwrite=True would remove it with {out_dir}; wait for it to end")
             it = int(kept.name[len(KEPT_PREFIX):])
             # the last iteration in its log: past its own, it was resumed in place (a run of its own)
@@ -163,8 +158,8 @@ def replace_run(out_dir, config):
 
 @contextmanager
 def open_out_dir(config):
-    """out_dir, held for one training. A new run into a folder holding one needs --overwrite=True and replaces
-    it only once its first checkpoint is written: until then the old run waits whole in .<name>.replaced."""
+    """out_dir, held for one training; a new run replaces the one there (--overwrite=True) once its first
+    checkpoint is written."""
     out_dir = Path(config["out_dir"])
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: "
@@ -200,9 +195,8 @@ def open_out_dir(config):
 # ----------------------------------------------------------------------------- writing
 
 def save_checkpoint(out_dir, state, keep=False):
-    """state into out_dir/ckpt.pt atomically (a full disk is one line, the earlier checkpoint stays), then the
-    run it replaces goes. keep: also kept as out_dir/iter_<n>/, a run folder of its own, never written again
-    (a resume passing n again leaves it, as a run may have trained on in it)."""
+    """state into out_dir/ckpt.pt atomically, then the run it replaces goes. keep: also as out_dir/iter_<n>/,
+    a run folder of its own, never written again (a run may have trained on in it)."""
     path, iter_num = out_dir / "ckpt.pt", state["iter_num"]
     buffer = io.BytesIO()  # first: torch reports a failed write (a full disk) as a RuntimeError of its own
     torch.save(state, buffer)
@@ -227,14 +221,12 @@ def save_checkpoint(out_dir, state, keep=False):
 
 
 def write_log(folder, log):
-    """folder/log.jsonl, one line per evaluation, written whole: a kill leaves the old file or the new one."""
     write_atomic(folder / "log.jsonl", lambda f: f.write("".join(json_text(e) + "\n" for e in log).encode()))
 
 
 # ----------------------------------------------------------------------------- resume and fine-tune
 
 def data_identity(meta):
-    """What a run was trained on: tokenizer, vocabulary, source and the splits' sha256."""
     return dict(tokenizer=meta["tokenizer"], vocab_size=meta["vocab_size"], source=meta.get("source"),
                 sha256={name: meta["files"][name]["sha256"] for name in ("train.bin", "val.bin")})
 
@@ -246,9 +238,8 @@ def with_original(scaling, train_len):
 
 
 def differences(ckpt, config, meta, ignored=RUNNING_KEYS):
-    """{key: (as trained, as configured)} for every key but ignored: the model as built, the rest as recorded,
-    the text by its contents (meta None: not compared), the init source. A key newer than the checkpoint was
-    trained as its default; a rope_scaling completed from its origin (start_checkpoint) counts as given."""
+    """{key: (as trained, as configured)} for each key but ignored that differs, the text by its contents
+    (meta None: not), the init source. A key newer than the checkpoint was trained as its default."""
     args, recorded, origin = ckpt["model_args"], ckpt["config"], ckpt.get("origin") or {}
     sha, found = (ckpt.get("data") or {}).get("sha256"), {}
     for key in (k for k in DEFAULTS if k not in ignored and not (k == "dataset" and sha and meta)):
@@ -266,17 +257,15 @@ def differences(ckpt, config, meta, ignored=RUNNING_KEYS):
 
 
 def provenance_changes(ckpt, config, meta, ignored=RUNNING_KEYS):
-    """differences as 'key=recorded (now ...)' each (what a study's reuse and a resume refuse)."""
     return [f"{k}={was!r} (now {now})" for k, (was, now) in differences(ckpt, config, meta, ignored).items()]
 
 
 def start_checkpoint(config, meta, device):
-    """(init_from's checkpoint, origin): out_dir's to resume (matching this run) or a run's to fine-tune
-    (FINETUNE_KEYS may differ, and pos_emb from rope to none: DroPE)."""
+    """(init_from's checkpoint, origin): out_dir's to resume, or a run's to fine-tune (FINETUNE_KEYS may
+    differ, and pos_emb from rope to none: DroPE)."""
     fine_tune = config["init_from"] != "resume"
     path = config["init_from"] if fine_tune else Path(config["out_dir"])
     ckpt, weights = read_checkpoint(path, device)
-    # weights only, as tests/assets/copier.pt
     if not fine_tune and (missing := [k for k in RESUME_KEYS if k not in ckpt]):
         raise UserError(f"{path}/ckpt.pt cannot be resumed: it holds no {', '.join(missing)} (weights only, "
                         f"a converted model's, or an older train.py's); fine-tune from it instead: "
@@ -292,8 +281,7 @@ def start_checkpoint(config, meta, device):
     if origin and (scaling := with_original(config["rope_scaling"], train_len)) != config["rope_scaling"]:
         config["rope_scaling"] = scaling
         print(f"rope_scaling: {ORIGINAL}={train_len}, the original training length")
-    # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions; RoPE has no weights, so they load
-    # as they are
+    # DroPE (Gelberg et al. 2026): a RoPE run fine-tuned without positions (RoPE has no weights to drop)
     drope = fine_tune and args["pos_emb"] == "rope" and config["pos_emb"] == "none"
     may_differ = (FINETUNE_KEYS + (DROPE_KEYS if drope else ()) if fine_tune else LONGER_KEYS) + RUNNING_KEYS
     found = differences(ckpt, config, None if fine_tune else meta, may_differ)
