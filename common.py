@@ -49,8 +49,6 @@ def run_cli(prog, fn, *args):
         release_outputs()
 
 
-# ----------------------------------------------------------------------------- the one CLI parser
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # run_cli's one line, not argparse's two with the usage
         raise UserError(re.sub(r"^argument (--[\w-]+): (?=.*\1)", "", message))  # a type's message names it
@@ -165,8 +163,6 @@ def json_text(obj, indent=None):  # what every file the project writes holds
     return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
 
 
-# ----------------------------------------------------------------------------- the one lock system
-
 def open_locked(path):
     """path opened and emptied, holding its flock (gone with the file or its process); None where another
     holds it, or where the file was removed meanwhile (by release_outputs: refused, not retried)."""
@@ -239,24 +235,16 @@ atexit.register(release_outputs)
 os.register_at_fork(after_in_child=_CLAIMED.clear)  # a forked worker holds no claim of its own to release
 
 
-# ----------------------------------------------------------------------------- the one atomic writer
-
 def remove_leftovers(folder):  # atomic's temporary files whose writer ended (a kill -9)
     for tmp in Path(folder).glob(".*.*.tmp"):
-        pid = tmp.name.split(".")[-2]
-        if pid.isdecimal() and not running(int(pid)):
-            with suppress(OSError):  # gone already, a folder, or a read-only folder
-                tmp.unlink()
-
-
-def running(pid):
-    try:
-        os.kill(pid, 0)  # signal 0: delivered to nobody, only checked
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
+        if (pid := tmp.name.split(".")[-2]).isdecimal():
+            try:
+                os.kill(int(pid), 0)  # signal 0: delivered to nobody, only checked
+            except ProcessLookupError:
+                with suppress(OSError):  # gone already, a folder, or a read-only folder
+                    tmp.unlink()
+            except PermissionError:  # another user's process, running
+                pass
 
 
 @contextmanager
@@ -281,8 +269,6 @@ def write_atomic(path, write):
     with atomic(path) as f:
         write(f)
 
-
-# ----------------------------------------------------------------------------- the weights a result describes
 
 def weights_id(path):
     """A checkpoint's identity (path: a ckpt.pt or its run folder; None if none): its bytes', not its path's,

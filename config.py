@@ -85,8 +85,6 @@ FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # the model keys a fi
 DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from rope to none: the rotation's
 
 
-# ----------------------------------------------------------------------------- config
-
 def set_key(config, key, value, source):
     if key not in KEYS:
         raise UserError(f"unknown config key {key!r} (from {source}); the keys are "
@@ -147,9 +145,6 @@ def load_config(argv):
     if c["min_lr"] > c["learning_rate"]:  # the cosine "decay" would climb
         raise UserError(f"min_lr={c['min_lr']:g} is above learning_rate={c['learning_rate']:g}: the schedule "
                         "decays from learning_rate to min_lr; use min_lr <= learning_rate")
-    if c["rope_scaling"] is not None and c["pos_emb"] != "rope":  # it would train and be stored, unused
-        raise UserError(f"rope_scaling={c['rope_scaling']!r} given to pos_emb={c['pos_emb']!r}: only a RoPE "
-                        "model has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
     if c["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
         raise UserError(f"block_size={c['block_size']} is too short to evaluate (sinks): use block_size "
                         f">= {MIN_BLOCK_SIZE}")
@@ -166,8 +161,6 @@ def key_help():  # train.py --help
 def model_config(config, vocab_size, train_len=None):
     return gpt_config(dict(vocab_size=vocab_size, train_len=train_len, **{k: config[k] for k in MODEL_KEYS}))
 
-
-# ----------------------------------------------------------------------------- model keys and rope_scaling
 
 def gpt_config(args):
     """GPTConfig(**args) (a config's, a checkpoint's model_args), checked: a bad key is a UserError."""
@@ -192,9 +185,10 @@ def gpt_config(args):
         raise UserError(f"n_kv_head must divide n_head={c.n_head} (or be None: n_head), got {kv!r}")
     if c.pos_emb == "rope" and c.head_dim % 2:
         raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {c.head_dim}")
-    if c.pos_emb == "alibi" and c.rope_scaling is not None:
-        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation "
-                        "to scale")
+    if c.rope_scaling is not None and c.pos_emb != "rope":  # it would train and be stored, unused
+        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb={c.pos_emb!r}: "
+                        f"{'ALiBi' if c.pos_emb == 'alibi' else 'it'} has no rotation to scale; remove "
+                        "rope_scaling or use pos_emb='rope'")
     if c.rope_fraction is not None and c.pos_emb != "rope":
         raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', "
                         f"not {c.pos_emb!r}")

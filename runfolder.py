@@ -24,8 +24,6 @@ LONGER_KEYS = ("max_iters", "lr_decay_iters")  # how long it trains: a resume ma
 KEPT_PREFIX = "iter_"  # out_dir/iter_<n>/: a checkpoint keep_iters kept, a run folder of its own
 
 
-# ----------------------------------------------------------------------------- reading a checkpoint
-
 def read_checkpoint(path, device="cpu"):
     """(checkpoint, weights_id) from one open file: one renamed over it meanwhile leaves it its bytes."""
     with open(path := checkpoint_file(path), "rb") as f:
@@ -75,8 +73,6 @@ def checkpoint_config(ckpt):
     """Its GPTConfig; one written before train_len was a field takes it from its origin."""
     return gpt_config({"train_len": (ckpt.get("origin") or {}).get("train_len"), **ckpt["model_args"]})
 
-
-# ----------------------------------------------------------------------------- one writer, whole folders
 
 def beside(folder, kind):  # .<name>.<kind> beside folder: its lock, or the run an overwrite replaced
     home = Path(folder).resolve()
@@ -192,8 +188,6 @@ def open_out_dir(config):
                 out_dir.rmdir()  # only if empty: a run that failed before writing anything leaves no folder
 
 
-# ----------------------------------------------------------------------------- writing
-
 def save_checkpoint(out_dir, state, keep=False):
     """state into out_dir/ckpt.pt atomically, then the run it replaces goes. keep: also as out_dir/iter_<n>/,
     a run folder of its own, never written again (a run may have trained on in it)."""
@@ -223,8 +217,6 @@ def save_checkpoint(out_dir, state, keep=False):
 def write_log(folder, log):
     write_atomic(folder / "log.jsonl", lambda f: f.write("".join(json_text(e) + "\n" for e in log).encode()))
 
-
-# ----------------------------------------------------------------------------- resume and fine-tune
 
 def data_identity(meta):
     return dict(tokenizer=meta["tokenizer"], vocab_size=meta["vocab_size"], source=meta.get("source"),

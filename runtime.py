@@ -78,8 +78,6 @@ def load_run(run_dir, device="cpu"):
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder, weights
 
 
-# ----------------------------------------------------------------------------- a training's data
-
 def training_data(config, master, ddp):
     """(meta, {split: tokens}) of the run's dataset, checked, a built-in corpus prepared on first use (by the
     master process, before the others look)."""
