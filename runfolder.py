@@ -1,6 +1,5 @@
-"""The run folder (docs/reference.md, "Training"): one writer at a time, checkpoints written whole and read
-once, --overwrite=True, kept checkpoints, resume and fine-tune provenance, behind train.py's three calls:
-open_out_dir, start_checkpoint, save_checkpoint."""
+"""The run folder behind train.py's three calls (open_out_dir, start_checkpoint, save_checkpoint): one writer
+at a time, checkpoints written whole and read once, --overwrite=True, kept checkpoints, resume, fine-tunes."""
 import io
 import json
 import os
@@ -93,8 +92,7 @@ def kept_folders(out_dir):
 
 
 def claim_run(out_dir, writer, in_use, option):
-    """Hold out_dir's lock (train.py's, pretrained.py's), then settle a run an --overwrite=True left waiting,
-    so that the command's own checks see the run that is there."""
+    """Hold out_dir's lock, then settle a run an --overwrite=True left waiting: checks see the run there."""
     claim_output(out_dir, writer, lock=beside(out_dir, "lock"), option=option, in_use=in_use)
     settle_replaced(Path(out_dir))
 
@@ -123,8 +121,7 @@ def settle_replaced(out_dir, finish=False):
 
 
 def replace_run(out_dir, config):
-    """Move out_dir's run aside whole (one rename), holding its kept checkpoints' locks meanwhile: one trained
-    on (now or before) is a run of its own, refused."""
+    """Move out_dir's run aside whole (one rename); a kept checkpoint trained on (now, before) is refused."""
     source = config["init_from"]
     if source != "resume" and Path(source).resolve().is_relative_to(out_dir.resolve()):
         raise UserError(f"init_from={source} is out_dir's own checkpoint, which --overwrite=True would "
@@ -137,11 +134,11 @@ def replace_run(out_dir, config):
         for kept in kept_runs:
             claim_output(kept, "train", lock=beside(kept, "lock"), option="--out_dir",
                          in_use=f"--overwrite=True would remove it with {out_dir}; wait for it to end")
-            it = int(kept.name[len(KEPT_PREFIX):])
+            it = own = int(kept.name[len(KEPT_PREFIX):])
             # the last iteration in its log: past its own, it was resumed in place (a run of its own)
             with suppress(OSError, ValueError, KeyError, TypeError, IndexError):  # no log, or not train.py's
                 it = json.loads((kept / "log.jsonl").read_text().splitlines()[-1])["iter"]
-            if it > int(kept.name[len(KEPT_PREFIX):]):
+            if it > own:
                 raise UserError(f"{kept} was trained on to iter {it} (a run of its own now): "
                                 f"--overwrite=True would remove it with {out_dir}; move it out first")
         settle_replaced(out_dir, finish=True)  # a run an earlier overwrite replaced, for this one's place
@@ -154,16 +151,16 @@ def replace_run(out_dir, config):
 
 @contextmanager
 def open_out_dir(config):
-    """out_dir, held for one training; a new run replaces the one there (--overwrite=True) once its first
-    checkpoint is written."""
+    """out_dir, held for one training; a run there goes (--overwrite=True) once the new one's is written."""
     out_dir = Path(config["out_dir"])
     if out_dir.is_file():
         raise UserError(f"out_dir {out_dir} is a file: "
                         "choose another --out_dir (a folder for ckpt.pt and log.jsonl)")
     claim_run(out_dir, "train", "one training per out_dir", "--out_dir")
     try:
-        existing = run_files(out_dir) + [p.name for p in kept_folders(out_dir)]
-        if config["init_from"] != "resume" and existing and not config["overwrite"]:
+        kept = [p.name for p in kept_folders(out_dir)]
+        existing = [] if config["init_from"] == "resume" else run_files(out_dir) + kept
+        if existing and not config["overwrite"]:
             go_on = ""  # how to go on instead: resume a training's checkpoint, fine-tune from another's
             if (out_dir / "ckpt.pt").exists():
                 go_on = f"fine-tune from it into another folder (--init_from={out_dir} --out_dir=NEW), or "
@@ -172,7 +169,7 @@ def open_out_dir(config):
                         go_on = "continue it with --init_from=resume, or "
             raise UserError(f"{out_dir} already holds a run ({', '.join(existing)}): "
                             f"{go_on}replace it with --overwrite=True")
-        if config["init_from"] != "resume" and existing:
+        if existing:
             replace_run(out_dir, config)
         if files := [f"{KEPT_PREFIX}{n}" for n in config["keep_iters"]
                      if (out_dir / f"{KEPT_PREFIX}{n}").is_file()]:
@@ -231,7 +228,7 @@ def with_original(scaling, train_len):
 
 def differences(ckpt, config, meta, ignored=RUNNING_KEYS):
     """{key: (as trained, as configured)} for each key but ignored that differs, the text by its contents
-    (meta None: not), the init source. A key newer than the checkpoint was trained as its default."""
+    (meta None: not compared), the init source; a key newer than the checkpoint was trained as its default."""
     args, recorded, origin = ckpt["model_args"], ckpt["config"], ckpt.get("origin") or {}
     sha, found = (ckpt.get("data") or {}).get("sha256"), {}
     for key in (k for k in DEFAULTS if k not in ignored and not (k == "dataset" and sha and meta)):
