@@ -198,7 +198,7 @@ def gpt_config(args):
         if value is not None and c.pos_emb != "rope":
             raise UserError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
                             f"pos_emb='rope', not {c.pos_emb!r}")
-    if c.pos_emb == "rope" and (fraction := c.rope_fraction) is not None:  # p-RoPE: rotating a pair at least
+    if c.pos_emb == "rope" and (fraction := c.rope_fraction) is not None:  # p-RoPE: at least one pair turns
         if not (is_number(fraction) and 0 < fraction <= 1):
             raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), "
                             f"got {fraction!r}")
@@ -244,7 +244,7 @@ def check_scaling(scaling, head_dim=None, block_size=None):
         value, low = get(key), ">=" if key.startswith("mscale") else ">"
         if value is not None and not (is_number(value) and (value >= 0 if low == ">=" else value > 0)):
             raise UserError(f"{key} must be a number {low} 0, got {value!r}")
-    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):  # YaRN's: whole pairs
+    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):  # YaRN's ramp
         raise UserError(f"truncate must be True or False, got {truncate!r}")
     original = get(ORIGINAL)
     if ORIGINAL in kind.required and original is None:
@@ -252,8 +252,8 @@ def check_scaling(scaling, head_dim=None, block_size=None):
     if original is not None and not (isinstance(original, numbers.Integral) and not isinstance(original, bool)
                                      and original >= 1):
         raise UserError(f"{ORIGINAL} must be an integer >= 1 (the training length), got {original!r}")
-    low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)
-    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):  # Llama 4: =
+    low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)  # Llama 4's are equal
+    if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):
         raise UserError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
     if rope_type == "longrope" and "factor" not in scaling and get("attention_factor") is None:
