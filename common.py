@@ -31,8 +31,7 @@ def out_of_memory(e):  # torch's is a RuntimeError, and any other RuntimeError i
 
 
 def run_cli(prog, fn, *args):
-    """fn(*args): a UserError or OSError as `prog: error: <one line>` (exit 1), Ctrl-C as `prog: interrupted`
-    (exit 130), any other exception with its traceback; the output folders claimed released."""
+    """fn(*args), a UserError or OSError as one line (exit 1), a bug with its traceback; outputs released."""
     try:
         return fn(*args)
     except (UserError, OSError) as e:
@@ -55,8 +54,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def command_parser(doc, *shared, out=None, seed=0, wandb_log=None):
-    """A parser whose errors are run_cli's one line, with the options named in shared, each meaning the same
-    in every command (shared_values reads them)."""
+    """A parser with the options in shared, each meaning the same in every command (see shared_values)."""
     p = _Parser(description=doc.split("\n\n")[0].strip())
     if "run_dir" in shared:
         p.add_argument("run_dir", help="a run folder holding ckpt.pt (e.g. out/rope_small)")
@@ -249,8 +247,7 @@ def remove_leftovers(folder):  # atomic's temporary files whose writer ended (a 
 
 @contextmanager
 def atomic(path):
-    """A temp file beside path, synced and renamed over it when the block ends, removed if it fails: a crash
-    leaves the old file or the new one."""
+    """A temp file beside path, synced and renamed over it at the end: a crash leaves the old or the new."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same folder: os.replace is then a rename
     remove_leftovers(path.parent)

@@ -215,8 +215,7 @@ def is_number(x):
 
 
 def check_scaling(scaling, head_dim=None, block_size=None):
-    """(rope_type, factor) of a rope_scaling dict, checked (with head_dim also the rotary dimension and
-    longrope's lists); a model's (block_size) takes its original length from block_size."""
+    """(rope_type, factor) of a rope_scaling dict, checked (head_dim: its rotary dimension too)."""
     if scaling is None:
         return "default", 1.0
     if not isinstance(scaling, dict):

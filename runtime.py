@@ -1,5 +1,4 @@
-"""What the commands that run the model need around it: autocast, peak FLOPs, a run's model and data, a
-training's data."""
+"""Around the model: autocast, peak FLOPs, a run's model and data, a training's data."""
 import importlib
 from contextlib import nullcontext
 
@@ -55,8 +54,7 @@ def model_from_checkpoint(ckpt, config=None):
 
 
 def load_run(run_dir, device="cpu"):
-    """(model in eval mode on device, checkpoint, dataset dir, weights_id of the bytes loaded); a checkpoint
-    or data the run cannot read (another vocabulary or tokenizer) is one line."""
+    """(model in eval mode on device, checkpoint, dataset dir, weights_id of the bytes loaded), checked."""
     ckpt, weights = read_checkpoint(run_dir, device)
     if record := ckpt.get("pretrained"):  # a converted model: its text tokenized by its own tokenizer
         fix = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
@@ -79,8 +77,7 @@ def load_run(run_dir, device="cpu"):
 
 
 def training_data(config, master, ddp):
-    """(meta, {split: tokens}) of the run's dataset, checked, a built-in corpus prepared on first use (by the
-    master process, before the others look)."""
+    """(meta, {split: tokens}), checked; a built-in corpus prepared on first use, by the master process."""
     folder = data_dir(config["dataset"])
     if master and (corpus := builtin(config["dataset"])) and not (folder / "meta.json").exists():
         print(f"no prepared data yet: preparing data/{config['dataset']} (once)")

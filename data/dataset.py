@@ -1,5 +1,4 @@
-"""The prepared-dataset format (docs/reference.md, "Data") and its checked readers: batches and document
-windows. Its writer, for data/*/prepare.py, is data/writer.py."""
+"""The prepared-dataset format's checked readers (docs/reference.md, "Data"; its writer: data/writer.py)."""
 import json
 from contextlib import suppress
 from pathlib import Path
@@ -38,8 +37,7 @@ def prepare_command(data_dir):
 
 
 def check_tokenizer(data_dir, identity, what, model, fix):
-    """Refuse data_dir's text unless the tokenizer `identity` (a tokenizer.json, or "gpt2") wrote it: other
-    ids would mean other tokens. what: the text as named; model: its model or run; fix: what to do."""
+    """data_dir's text refused unless `identity` (a tokenizer.json, or "gpt2") wrote it (its ids)."""
     if (theirs := load_meta(data_dir)["tokenizer"]) != identity:
         ours = "tokenizer.json" if isinstance(identity, dict) else f"tokenizer ({identity})"
         raise UserError(f"{what} was tokenized with {theirs}, not {model}'s {ours}: its ids would mean other "
@@ -100,8 +98,7 @@ def load_split(data_dir, split):
 
 
 def held_out(docs, which):
-    """The held-out documents scored: all, or the dev (even-numbered) or test (odd-numbered) half, a split by
-    whole file, the same for every run of a corpus (files in name order)."""
+    """All held-out documents, or the dev (even-numbered) or test (odd) half, by whole file."""
     chosen = {"all": docs, "dev": docs[0::2], "test": docs[1::2]}[which]
     if not len(chosen):
         raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), none of them "
@@ -117,8 +114,7 @@ def get_rows(tokens, batch_size, block_size, rng):
 
 
 def doc_windows(docs, length, n_windows, rng):
-    """Sorted starts of the aligned windows start + k*length inside every document: all, or n_windows drawn
-    without replacement (spread by document length)."""
+    """Sorted starts of the windows start + k*length inside each document: all, or n_windows drawn of them."""
     docs = np.asarray(docs, dtype=np.int64).reshape(-1, 2)
     doc_lens = docs[:, 1] - docs[:, 0]
     longest = int(doc_lens.max()) if len(doc_lens) else 0
@@ -135,8 +131,7 @@ def doc_windows(docs, length, n_windows, rng):
 
 
 def in_tokens(multiples, option, train_len, docs):
-    """--option's multiples of the training length in tokens, each at least one and short enough for a window
-    (and its shifted target) in the longest held-out document: else one line in the option's own unit."""
+    """--option's multiples of train_len in tokens, each a window inside a held-out document."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) if len(docs) else 0
     for m in multiples:
         if round(m * train_len) < 1:
