@@ -18,7 +18,7 @@ def mean_stderr(per_unit):
 
 
 def per_unit(nll, pos, train_len, none, crop):
-    """Per unit: the loss (all, past train_len), paired differences to none and crop."""
+    """Per unit: the loss (all, past train_len), paired differences to none and crop (None: no targets)."""
     past, inside = pos >= train_len, pos < train_len
     def mean(a, where):
         return None if a is None or not where.any() else a[:, where].mean(axis=1)
