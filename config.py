@@ -1,6 +1,5 @@
-"""The boundary: a run's config (the defaults, then config files of plain assignments and --key=value), its
-model keys and a rope_scaling dict, each checked once here, where they come in; model.py and rope.py trust
-what passes."""
+"""The boundary: a run's config (the defaults, config files of plain assignments, --key=value), its model
+and a rope_scaling dict, each checked once here, where they come in; model.py and rope.py trust them."""
 import ast
 import math
 import numbers
@@ -13,8 +12,7 @@ from model import MLPS, NORMS, POS_EMBS, GPTConfig
 from positions import MIN_BLOCK_SIZE
 from rope import COMMON_KEYS, LAYOUTS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
 
-# vocab_size comes from the data, train_len from the checkpoint a run fine-tunes (train.py): neither is a
-# config key
+# vocab_size comes from the data, train_len from the checkpoint a run fine-tunes: neither is a config key
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "train_len"))
 
 
@@ -30,60 +28,50 @@ def below_one(key):  # AdamW's betas: a decay rate of 1 or more never forgets
     return lambda v: None if v < 1 else f"is one of AdamW's betas: use 0 <= {key} < 1"
 
 
-def iterations(v):
-    if not all(type(n) is int and n >= 0 for n in v):
-        return "should be iterations: integers >= 0, as (0, 100, 400)"
-
-
 MODEL_HELP = dict(
-    block_size="the training length (and the size of a learned position table)", n_layer="layers",
+    block_size="the training length (and a learned position table's size)", n_layer="layers",
     n_head="attention heads", n_embd="the residual width", dropout="dropout probability",
     pos_emb="learned, sinusoidal, rope, alibi or none (NoPE)", rope_base="RoPE's base (theta)",
-    rope_layout="half (GPT-NeoX, HF Llama) or interleaved (GPT-J, Meta Llama) channel pairs",
-    rope_scaling="a Hugging Face rope_scaling dict trained with, e.g. {'rope_type': 'yarn', 'factor': 4.0}",
-    rope_fraction="p-RoPE: the share of pairs that rotate (None: every pair)",
+    rope_layout="half (GPT-NeoX, HF Llama) or interleaved (GPT-J, Meta Llama) pairs",
+    rope_scaling="a Hugging Face rope_scaling dict to train with, e.g. {'rope_type': 'yarn', 'factor': 4.0}",
+    rope_fraction="p-RoPE: the share of pairs that rotate (None: all)",
     nope_every="iRoPE / RNoPE-SWA: every k-th layer (from 1) attends globally without positions",
-    rope_window="RNoPE-SWA: the RoPE layers attend only to their last rope_window positions",
-    ssmax="Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned per head",
-    norm="layernorm or rmsnorm (Llama)", norm_eps="the norms' epsilon",
-    biases="biases on every linear layer and LayerNorm (GPT-NeoX)", qkv_bias="biases on q, k and v only "
-                                                                             "(Qwen2)",
-    mlp="gelu or swiglu (Llama: down(silu(gate(x)) * up(x)))", mlp_hidden="the MLP's hidden width (None: 4 * "
-                                                                          "n_embd)",
-    n_kv_head="grouped-query attention: heads of keys and values (None: n_head)",
+    rope_window="RNoPE-SWA: the RoPE layers attend to their last rope_window positions",
+    ssmax="Scalable-Softmax (Nakanishi 2025): logits times s_h * log(keys seen), s_h learned",
+    norm="layernorm or rmsnorm (Llama)", norm_eps="the norms' epsilon", biases="biases everywhere (GPT-NeoX)",
+    qkv_bias="biases on q, k and v only (Qwen2)", mlp="gelu or swiglu (Llama)",
+    mlp_hidden="the MLP's hidden width (None: 4 * n_embd)", n_kv_head="grouped-query key and value heads",
     parallel_residual="GPT-NeoX: x + attn(ln_1(x)) + mlp(ln_2(x))",
     tie_embeddings="the output layer is the token embedding (GPT-2, small Llamas)")
 
 # every config key: (default, help, check); a check returns what is wrong with a value, or None. Numbers must
-# also be finite and >= 0; the type is the default's (None: any; a model key's is checked by check_model)
+# also be finite and >= 0; the type is the default's (None: any; a model key's is checked by gpt_config)
 KEYS = dict(
     out_dir=("out/default", "the run's folder (ckpt.pt, log.jsonl); its name is the wandb run's",
              lambda v: None if v.strip() else "is empty: name the run's folder, e.g. out/my_run"),
-    init_from=("scratch", "scratch, resume (from out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune"),
+    init_from=("scratch", "scratch, resume (out_dir/ckpt.pt), or a run folder / ckpt.pt to fine-tune"),
     overwrite=(False, "True: a new run replaces the one in out_dir (else that is an error)"),
     eval_interval=(250, "iterations between evaluations (and checkpoints)", at_least(1)),
     eval_iters=(20, "batches per evaluation", at_least(1)),
     log_interval=(25, "iterations between progress lines", at_least(1)),
-    keep_iters=((), "iterations whose checkpoint is also kept, in out_dir/iter_<n>/ (a run of its own)",
-                iterations),
+    keep_iters=((), "iterations whose checkpoint is also kept, in out_dir/iter_<n>/",
+                lambda v: None if all(type(n) is int and n >= 0 for n in v) else
+                "should be iterations: integers >= 0, as (0, 100, 400)"),
     wandb_log=(True, "log to wandb (offline if no login)"), wandb_project=("ropelab", "the wandb project"),
     wandb_run_name=("", "the wandb run's name (default: out_dir's)"), wandb_group=("", "the wandb group"),
-    dataset=("shakespeare", "data/<dataset>/, written by data/*/prepare.py, or an absolute path to such a "
-                            "folder"),
+    dataset=("shakespeare", "data/<dataset>/ (data/*/prepare.py writes it), or such a folder's full path"),
     batch_size=(16, "rows per micro step, per process", at_least(1)),
     gradient_accumulation_steps=(1, "micro steps per iteration, per process", at_least(1)),
-    retrieval_mix=(0.0, "the share of each batch's rows replaced by retrieval rows (data/synthetic.py)",
+    retrieval_mix=(0.0, "the share of each batch's rows that are retrieval rows (data/synthetic.py)",
                    lambda v: None if v <= 1 else "is a fraction of each batch: use 0..1"),
     retrieval_segment=(32, "the retrieval rows' segment length", at_least(1)),
     retrieval_vocab=(0, "the ids retrieval rows draw from (0: all)"),
-    retrieval_task=("copy", "copy, or mqar (retrieval_segment // 2 key-value pairs recalled)",
-                    one_of("copy", "mqar")),
+    retrieval_task=("copy", "copy, or mqar (retrieval_segment // 2 key-value pairs)", one_of("copy", "mqar")),
     **{f.name: (f.default, MODEL_HELP[f.name]) for f in fields(GPTConfig) if f.name in MODEL_KEYS},
     learning_rate=(2e-3, "AdamW's peak learning rate"),
     max_iters=(1500, "training iterations", at_least(1)), weight_decay=(0.1, "AdamW's weight decay"),
     beta1=(0.9, "AdamW's beta1", below_one("beta1")), beta2=(0.95, "AdamW's beta2", below_one("beta2")),
-    grad_clip=(1.0, "the gradient norm's clip (0: none)"),
-    warmup_iters=(100, "linear warmup iterations"),
+    grad_clip=(1.0, "the gradient norm's clip (0: none)"), warmup_iters=(100, "linear warmup iterations"),
     lr_decay_iters=(0, "where the cosine decay to min_lr ends (0: max_iters)"),
     min_lr=(2e-4, "the learning rate the decay ends at"),
     device=("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"),
@@ -93,13 +81,9 @@ KEYS = dict(
     seed=(1337, "the data order and the initial weights; process k of a DDP run uses seed + k"),
 )
 DEFAULTS = {key: entry[0] for key, entry in KEYS.items()}
-# what a fine-tune may change; other model keys must match
-FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")
-# and from rope to none (DroPE): the rotation's
-DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")
+FINETUNE_KEYS = ("block_size", "rope_scaling", "dropout")  # the model keys a fine-tune may change
+DROPE_KEYS = ("pos_emb", "rope_base", "rope_layout", "rope_fraction")  # and from rope to none: the rotation's
 
-
-# ----------------------------------------------------------------------------- config
 
 def set_key(config, key, value, source):
     if key not in KEYS:
@@ -122,7 +106,7 @@ def set_key(config, key, value, source):
 
 
 def load_config(argv):
-    config = dict(DEFAULTS)
+    c = dict(DEFAULTS)
     for arg in argv:
         if arg.startswith("--"):
             key, eq, text = arg[2:].partition("=")
@@ -132,58 +116,45 @@ def load_config(argv):
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 value = text  # a bare string such as --device=cpu
-            set_key(config, key, value, arg)
-        else:
-            if Path(arg).is_dir():
-                raise UserError(f"config file {arg} is a folder; give one of its .py files (see configs/)")
-            if not Path(arg).is_file():
-                raise FileNotFoundError(f"config file {arg} not found (see configs/)")
-            try:
-                exec(compile(Path(arg).read_text(), arg, "exec"), namespace := {})
-            except Exception as e:  # whatever a config file raises, it is that file's error
-                raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
-            for key, value in namespace.items():
-                if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
-                    set_key(config, key, value, arg)
-    config["wandb_run_name"] = config["wandb_run_name"] or Path(config["out_dir"]).name
-    check_schedule(config)
-    if config["overwrite"] and config["init_from"] == "resume":
+            set_key(c, key, value, arg)
+            continue
+        if Path(arg).is_dir():
+            raise UserError(f"config file {arg} is a folder; give one of its .py files (see configs/)")
+        if not Path(arg).is_file():
+            raise FileNotFoundError(f"config file {arg} not found (see configs/)")
+        try:
+            exec(compile(Path(arg).read_text(), arg, "exec"), namespace := {})
+        except Exception as e:  # whatever a config file raises, it is that file's error
+            raise UserError(f"config file {arg} failed: {type(e).__name__}: {e}") from None
+        for key, value in namespace.items():
+            if not key.startswith("_") and not isinstance(value, ModuleType):  # `import math` is no key
+                set_key(c, key, value, arg)
+    c["wandb_run_name"] = c["wandb_run_name"] or Path(c["out_dir"]).name
+    if c["lr_decay_iters"] and c["lr_decay_iters"] <= c["warmup_iters"]:  # the rate would drop to min_lr
+        raise UserError(f"lr_decay_iters={c['lr_decay_iters']} ends the decay before warmup_iters="
+                        f"{c['warmup_iters']} ends the warmup: use lr_decay_iters > {c['warmup_iters']}, "
+                        "or a shorter warmup")
+    c["lr_decay_iters"] = c["lr_decay_iters"] or c["max_iters"]  # a short run still decays to min_lr
+    if c["overwrite"] and c["init_from"] == "resume":
         raise UserError("overwrite=True replaces the run in out_dir, init_from='resume' continues it: "
                         "give one of them")
-    if late := [n for n in config["keep_iters"] if n > config["max_iters"]]:
-        raise UserError(f"keep_iters {late} come after max_iters={config['max_iters']}: keep iterations up "
-                        "to max_iters")
-    model_config(config, vocab_size=1)  # bad model keys fail now, not after the data is prepared
-    if config["min_lr"] > config["learning_rate"]:  # the cosine "decay" would climb
-        raise UserError(f"min_lr={config['min_lr']:g} is above learning_rate={config['learning_rate']:g}: "
-                        "the schedule "
+    if late := [n for n in c["keep_iters"] if n > c["max_iters"]]:
+        raise UserError(f"keep_iters {late} come after max_iters={c['max_iters']}: keep iterations up to "
+                        "max_iters")
+    model_config(c, vocab_size=1)  # bad model keys fail now, not after the data is prepared
+    if c["min_lr"] > c["learning_rate"]:  # the cosine "decay" would climb
+        raise UserError(f"min_lr={c['min_lr']:g} is above learning_rate={c['learning_rate']:g}: the schedule "
                         "decays from learning_rate to min_lr; use min_lr <= learning_rate")
-    # it would train and be stored, doing nothing
-    if config["rope_scaling"] is not None and config["pos_emb"] != "rope":
-        raise UserError(f"rope_scaling={config['rope_scaling']!r} given to pos_emb={config['pos_emb']!r}: "
-                        "only a RoPE model "
-                        "has a rotation to scale; remove rope_scaling or use pos_emb='rope'")
-    if config["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
-        raise UserError(f"block_size={config['block_size']} is too short to evaluate (sinks): use block_size "
+    if c["block_size"] < MIN_BLOCK_SIZE:  # trained, but then not evaluated by the default methods
+        raise UserError(f"block_size={c['block_size']} is too short to evaluate (sinks): use block_size "
                         f">= {MIN_BLOCK_SIZE}")
-    if config["retrieval_mix"] and 2 * config["retrieval_segment"] > config["block_size"] + 1:
-        most = (config["block_size"] + 1) // 2
-        raise UserError(f"retrieval_segment={config['retrieval_segment']} does not fit twice in block_size="
-                        f"{config['block_size']}; use retrieval_segment <= {most}")
-    return config
+    if c["retrieval_mix"] and 2 * c["retrieval_segment"] > c["block_size"] + 1:
+        raise UserError(f"retrieval_segment={c['retrieval_segment']} does not fit twice in block_size="
+                        f"{c['block_size']}; use retrieval_segment <= {(c['block_size'] + 1) // 2}")
+    return c
 
 
-def check_schedule(config):
-    """The learning rate's schedule: a warmup, then a decay ending at lr_decay_iters (else at max_iters)."""
-    given, warmup = config["lr_decay_iters"], config["warmup_iters"]
-    if given and given <= warmup:  # the decay would end before the warmup: the rate would drop to min_lr
-        raise UserError(f"lr_decay_iters={given} ends the decay before warmup_iters={warmup} ends the "
-                        f"warmup: use lr_decay_iters > {warmup}, or a shorter warmup")
-    config["lr_decay_iters"] = given or config["max_iters"]  # a short run still decays to min_lr
-
-
-def key_help():
-    """Every config key with its default and help, one a line (train.py --help)."""
+def key_help():  # train.py --help
     return "\n".join(f"  --{key}={entry[0]!r}  {entry[1]}" for key, entry in KEYS.items())
 
 
@@ -191,22 +162,12 @@ def model_config(config, vocab_size, train_len=None):
     return gpt_config(dict(vocab_size=vocab_size, train_len=train_len, **{k: config[k] for k in MODEL_KEYS}))
 
 
-# ----------------------------------------------------------------------------- model keys and rope_scaling
-
 def gpt_config(args):
-    """GPTConfig(**args) once its keys are checked (a config, a checkpoint's model_args): a bad one is a
-    UserError."""
-    config = GPTConfig(**args)
-    check_model(config)
-    return config
-
-
-def check_model(c):
-    sizes = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
-    small = [f"{k}={getattr(c, k)!r}" for k in sizes if getattr(c, k) < 1]
-    if small:
+    """GPTConfig(**args) (a config's, a checkpoint's model_args), checked: a bad key is a UserError."""
+    c = GPTConfig(**args)
+    if small := [f"{k}={getattr(c, k)!r}" for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
+                 if getattr(c, k) < 1]:
         raise UserError(f"{', '.join(small)}: model sizes must be >= 1")
-    head_dim = c.head_dim
     if not 0 <= c.dropout < 1:
         raise UserError(f"dropout={c.dropout!r} is not allowed; use 0 <= dropout < 1")
     if not c.rope_base > 1:
@@ -220,34 +181,32 @@ def check_model(c):
         raise UserError(f"norm_eps must be a number > 0, got {c.norm_eps!r}")
     if c.mlp_hidden is not None and (type(c.mlp_hidden) is not int or c.mlp_hidden < 1):
         raise UserError(f"mlp_hidden must be an integer >= 1 (or None: 4 * n_embd), got {c.mlp_hidden!r}")
-    kv = c.n_kv_head
-    if kv is not None and (type(kv) is not int or kv < 1 or c.n_head % kv):
-        raise UserError(f"n_kv_head must divide n_head={c.n_head} (or be None: n_head), got {c.n_kv_head!r}")
-    if c.pos_emb == "rope" and head_dim % 2:
-        raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {head_dim}")
-    if c.pos_emb == "alibi" and c.rope_scaling is not None:
-        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb='alibi': ALiBi has no rotation to "
-                        "scale")
+    if (kv := c.n_kv_head) is not None and (type(kv) is not int or kv < 1 or c.n_head % kv):
+        raise UserError(f"n_kv_head must divide n_head={c.n_head} (or be None: n_head), got {kv!r}")
+    if c.pos_emb == "rope" and c.head_dim % 2:
+        raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {c.head_dim}")
+    if c.rope_scaling is not None and c.pos_emb != "rope":  # it would train and be stored, unused
+        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb={c.pos_emb!r}: "
+                        f"{'ALiBi' if c.pos_emb == 'alibi' else 'it'} has no rotation to scale; remove "
+                        "rope_scaling or use pos_emb='rope'")
     if c.rope_fraction is not None and c.pos_emb != "rope":
-        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', not "
-                        f"{c.pos_emb!r}")
+        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', "
+                        f"not {c.pos_emb!r}")
     for key in ("nope_every", "rope_window"):
         if (value := getattr(c, key)) is not None and (type(value) is not int or value < 1):
             raise UserError(f"{key} must be an integer >= 1 (or None), got {value!r}")
         if value is not None and c.pos_emb != "rope":
             raise UserError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
                             f"pos_emb='rope', not {c.pos_emb!r}")
-    # p-RoPE: a share of the pairs that rotates at least one
-    if c.pos_emb == "rope" and c.rope_fraction is not None:
-        if not (is_number(c.rope_fraction) and 0 < c.rope_fraction <= 1):
-            raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), got "
-                            f"{c.rope_fraction!r}")
-        if round(c.rope_fraction * (head_dim // 2)) < 1:
-            raise UserError(f"rope_fraction={c.rope_fraction!r} rotates round({c.rope_fraction!r} * "
-                            f"{head_dim // 2}) = 0 of "
-                            f"the {head_dim // 2} pairs; use at least {1 / (head_dim // 2):.3g} (or "
-                            "pos_emb='none')")
-    check_scaling(c.rope_scaling, head_dim, c.block_size)
+    if c.pos_emb == "rope" and (fraction := c.rope_fraction) is not None:  # p-RoPE: at least one pair turns
+        if not (is_number(fraction) and 0 < fraction <= 1):
+            raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), "
+                            f"got {fraction!r}")
+        if round(fraction * (pairs := c.head_dim // 2)) < 1:
+            raise UserError(f"rope_fraction={fraction!r} rotates round({fraction!r} * {pairs}) = 0 of the "
+                            f"{pairs} pairs; use at least {1 / pairs:.3g} (or pos_emb='none')")
+    check_scaling(c.rope_scaling, c.head_dim, c.block_size)
+    return c
 
 
 def is_number(x):
@@ -255,20 +214,16 @@ def is_number(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
-EXAMPLE = {"rope_type": "yarn", "factor": 4.0, ORIGINAL: 256}
-
-
 def check_scaling(scaling, head_dim=None, block_size=None):
-    """Check a rope_scaling dict where it comes in (a config, a command's options); returns (rope_type,
-    factor). With head_dim also the rotary dimension and longrope's lists. A UserError names what is wrong."""
+    """(rope_type, factor) of a rope_scaling dict, checked (head_dim: its rotary dimension too)."""
     if scaling is None:
         return "default", 1.0
     if not isinstance(scaling, dict):
-        raise UserError(f"rope_scaling must be a dict or None, got {scaling!r}; e.g. {EXAMPLE}")
-    if block_size:  # a model's: its original length defaults to its block_size
+        raise UserError(f"rope_scaling must be a dict or None, got {scaling!r}; "
+                        f"e.g. {dict(rope_type='yarn', factor=4.0, **{ORIGINAL: 256})}")
+    if block_size:
         scaling = complete_scaling(None, scaling, block_size)
-    rope_type = scaling_type(scaling)
-    if rope_type not in ROPE_TYPES:
+    if (rope_type := scaling_type(scaling)) not in ROPE_TYPES:
         raise UserError(f"unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_TYPES)}")
     kind, get = ROPE_TYPES[rope_type], scaling.get
     if unknown := [key for key in scaling if key not in COMMON_KEYS + kind.keys]:
@@ -283,32 +238,27 @@ def check_scaling(scaling, head_dim=None, block_size=None):
         raise UserError(f"rope_scaling factor must be a number >= 1, got {factor!r}{most}")
     if (theta := get("rope_theta")) is not None and not (is_number(theta) and theta > 1):
         raise UserError(f"rope_theta (the RoPE base) must be a number > 1, got {theta!r}")
-    # None: transformers' default
+    # None: transformers' default; beta: its log is taken; mscale < 0 flips logits
     for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-        # beta: its log is taken; mscale < 0 flips logits
         value, low = get(key), ">=" if key.startswith("mscale") else ">"
         if value is not None and not (is_number(value) and (value >= 0 if low == ">=" else value > 0)):
             raise UserError(f"{key} must be a number {low} 0, got {value!r}")
-    # YaRN's ramp: whole pairs or exact
-    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):
+    if (truncate := get("truncate")) is not None and not isinstance(truncate, bool):  # YaRN's ramp
         raise UserError(f"truncate must be True or False, got {truncate!r}")
     original = get(ORIGINAL)
     if ORIGINAL in kind.required and original is None:
         raise UserError(f"rope_type {rope_type!r} needs '{ORIGINAL}' (the training length)")
-    integral = isinstance(original, numbers.Integral) and not isinstance(original, bool)
-    if original is not None and not (integral and original >= 1):
+    if original is not None and not (isinstance(original, numbers.Integral) and not isinstance(original, bool)
+                                     and original >= 1):
         raise UserError(f"{ORIGINAL} must be an integer >= 1 (the training length), got {original!r}")
-    low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)
-    # Llama 4: equal
+    low, high = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)  # Llama 4's are equal
     if rope_type == "llama3" and not (is_number(low) and is_number(high) and high >= low > 0):
         raise UserError(f"llama3 needs high_freq_factor >= low_freq_factor > 0, "
                         f"got high_freq_factor={high!r}, low_freq_factor={low!r}")
     if rope_type == "longrope" and "factor" not in scaling and get("attention_factor") is None:
         raise UserError("longrope needs 'factor' (its attention factor's s: config.json's "
-                        "max_position_embeddings / "
-                        f"{ORIGINAL}) or 'attention_factor'")
-    partial = get("partial_rotary_factor", 1.0)
-    if not (is_number(partial) and 0 < partial <= 1):
+                        f"max_position_embeddings / {ORIGINAL}) or 'attention_factor'")
+    if not (is_number(partial := get("partial_rotary_factor", 1.0)) and 0 < partial <= 1):
         raise UserError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
     dim = int(head_dim * partial) if head_dim else None
     if dim is not None and not kind.whole_head and (dim < 2 or dim % 2):

@@ -1,6 +1,4 @@
-"""What the commands that run the model need around it: dtype and autocast, peak FLOPs, a run's model and
-data, a training's data. The run folder (checkpoints, locks, resume) is runfolder.py's; the torch-free helpers
-common.py's."""
+"""Around the model: autocast, peak FLOPs, a run's model and data, a training's data."""
 import importlib
 from contextlib import nullcontext
 
@@ -15,8 +13,7 @@ from runfolder import checkpoint_config, read_checkpoint
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16, for MFU
 
 
-def autocast(dtype, device_type):
-    """(dtype name, context for the forward pass): mixed precision through autocast, float32 as is."""
+def autocast(dtype, device_type):  # (dtype name, the forward's context)
     if dtype == "auto":
         dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     return dtype, (nullcontext() if dtype == "float32"
@@ -28,16 +25,14 @@ def peak_flops(device_type):
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
-def throughput(tokens, seconds, flops_per_token, peak, world):
-    """(tokens/s, FLOP/s, MFU) of all processes: tokens counts every process's, so MFU divides by world
-    peaks."""
+def throughput(tokens, seconds, flops_per_token, peak, world):  # of all the world's processes
     tok_s = tokens / seconds
     flops = flops_per_token * tok_s
     return tok_s, flops, flops / (peak * world) if peak else None
 
 
 def model_from_checkpoint(ckpt, config=None):
-    """The checkpoint's model (config: a GPTConfig to build instead of its own, for a fine-tune)."""
+    """The checkpoint's model (config: a fine-tune's GPTConfig, instead of its own)."""
     if "pretrained" in ckpt:  # no random init of weights about to be replaced (billions of draws at 7B)
         with torch.device("meta"):
             model = GPT(checkpoint_config(ckpt))
@@ -53,53 +48,36 @@ def model_from_checkpoint(ckpt, config=None):
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UserError(f"checkpoint weights do not match its model config: "
-                        f"{str(e).splitlines()[0]}") from None
+        why = str(e).splitlines()[0]
+        raise UserError(f"checkpoint weights do not match its model config: {why}") from None
     return model
 
 
-
 def load_run(run_dir, device="cpu"):
-    """(model in eval mode on device, checkpoint, dataset dir, weights_id: the id of the bytes the model was
-    loaded from); a bad checkpoint, or data the run cannot read (another vocabulary or tokenizer): a one-line
-    error."""
+    """(model in eval mode on device, checkpoint, dataset dir, weights_id of the bytes loaded), checked."""
     ckpt, weights = read_checkpoint(run_dir, device)
-    if "pretrained" in ckpt:
-        return pretrained_run(run_dir, ckpt, device), ckpt, data_dir(ckpt["config"]["dataset"]), weights
+    if record := ckpt.get("pretrained"):  # a converted model: its text tokenized by its own tokenizer
+        fix = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
+               f"python pretrained.py {record['folder']} --out NEW_RUN --dataset NAME")
+        if ckpt["config"]["dataset"] is None:
+            raise UserError(f"{run_dir} was converted with no held-out text: {fix}")
+        tokenizer = record["tokenizer"]
+    else:
+        fix = "read it on text prepared as its training text was (the same --vocab_size or --tokenizer)"
+        tokenizer = (ckpt.get("data") or {}).get("tokenizer")  # older checkpoints: the vocabulary only
     folder = data_dir(ckpt["config"]["dataset"])
-    meta = load_meta(folder)  # FileNotFoundError with the prepare command if the data is gone
-    if meta["vocab_size"] != ckpt["model_args"]["vocab_size"]:
-        # the tokens would index a different vocabulary: the losses would be meaningless, not wrong-looking
+    # another vocabulary: the losses would be meaningless, not wrong-looking
+    if not record and (meta := load_meta(folder))["vocab_size"] != ckpt["model_args"]["vocab_size"]:
         raise UserError(f"data {folder} has vocab_size {meta['vocab_size']} but checkpoint {run_dir} was "
-                         f"trained with vocab_size {ckpt['model_args']['vocab_size']}; "
-                         "re-prepare the data to match")
-    # older checkpoints: the vocabulary only
-    if tokenizer := (ckpt.get("data") or {}).get("tokenizer"):
-        check_tokenizer(folder, tokenizer, f"data {folder}", run_dir,
-                        "read it on text prepared as its training "
-                        "text was (the same --vocab_size or --tokenizer)")
+                        f"trained with vocab_size {ckpt['model_args']['vocab_size']}; "
+                        "re-prepare the data to match")
+    if tokenizer:
+        check_tokenizer(folder, tokenizer, f"data {folder}", run_dir, fix)
     return model_from_checkpoint(ckpt).to(device).eval(), ckpt, folder, weights
 
 
-def pretrained_run(run_dir, ckpt, device):
-    """load_run's model for a converted pretrained model: its held-out text must be tokenized by its own
-    tokenizer."""
-    record = ckpt["pretrained"]
-    prepare = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
-               f"python pretrained.py {record['folder']} --out NEW_RUN --dataset NAME")
-    if ckpt["config"]["dataset"] is None:
-        raise UserError(f"{run_dir} was converted with no held-out text: {prepare}")
-    check_tokenizer(data_dir(ckpt["config"]["dataset"]), record["tokenizer"],
-                    f"data {data_dir(ckpt['config']['dataset'])}", run_dir, prepare)
-    return model_from_checkpoint(ckpt).to(device).eval()
-
-
-# ----------------------------------------------------------------------------- a training's data
-
 def training_data(config, master, ddp):
-    """(meta, {split: tokens}) of the run's dataset, a built-in corpus prepared on first use (by the master
-    process, before the others look); every file checked against meta.json's sha256s, and a row of
-    block_size + 1 fitting."""
+    """(meta, {split: tokens}), checked; a built-in corpus prepared on first use, by the master process."""
     folder = data_dir(config["dataset"])
     if master and (corpus := builtin(config["dataset"])) and not (folder / "meta.json").exists():
         print(f"no prepared data yet: preparing data/{config['dataset']} (once)")
@@ -112,7 +90,7 @@ def training_data(config, master, ddp):
         if len(tokens) <= config["block_size"]:
             raise UserError(f"block_size={config['block_size']} does not fit in the {s} split of {folder} "
                             f"({len(tokens)} tokens, a row takes block_size + 1): "
-                            + (f"use block_size <= {len(tokens) - 1}" if len(tokens) > MIN_BLOCK_SIZE
-                               else f"too few for any model; prepare more {s} text "
-                               "(more documents, or a val_fraction nearer 0.5)"))
+                            + (f"use block_size <= {len(tokens) - 1}" if len(tokens) > MIN_BLOCK_SIZE else
+                               f"too few for any model; prepare more {s} text (more documents, or a "
+                               "val_fraction nearer 0.5)"))
     return meta, splits

@@ -1,5 +1,4 @@
-"""The prepared-dataset format (docs/reference.md, "Data") and its checked readers: batches and document
-windows. Its writer, for data/*/prepare.py, is data/writer.py."""
+"""The prepared-dataset format's checked readers (docs/reference.md, "Data"; its writer: data/writer.py)."""
 import json
 from contextlib import suppress
 from pathlib import Path
@@ -12,22 +11,17 @@ SPLITS = ("train", "val")
 DATA_FILES = tuple(f"{s}{end}" for s in SPLITS for end in (".bin", "_docs.npy"))
 # GPT-2 BPE's first 2047 merges + EOT: the output layer dominates a small model on a CPU (README)
 VOCAB_SIZE = 2048
-# data/shakespeare/prepare.py's; else shakespeare_v<N>
-SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}
-# a file larger than this is hashed once, then trusted while its size and mtime stay
-VERIFY_ONCE_BYTES = 1 << 30
+SHAKESPEARE = {"shakespeare": VOCAB_SIZE, "shakespeare_bytes": 257}  # and shakespeare_v<N>
+VERIFY_ONCE_BYTES = 1 << 30  # a larger file is hashed once, then trusted while its size and mtime stay
 UINT16_IDS = 1 << 16  # a vocabulary of up to this many ids is stored as uint16, else as uint32 (Llama 3)
 
 
-def shakespeare_vocab(name):
-    """The vocabulary of data/<name> when data/shakespeare/prepare.py writes it, else None."""
+def shakespeare_vocab(name):  # data/<name>'s vocabulary where data/shakespeare/prepare.py writes it
     v = name.removeprefix("shakespeare_v")
     return SHAKESPEARE.get(name) or (int(v) if v != name and v.isdecimal() else None)
 
 
-def builtin(name):
-    """The folder data/<folder>/prepare.py of the built-in corpus `name` (train.py prepares it on first use),
-    else None."""
+def builtin(name):  # the data/<folder>/prepare.py of a corpus train.py prepares on first use
     return "shakespeare" if shakespeare_vocab(name) else "sympy" if name == "sympy" else None
 
 
@@ -42,29 +36,8 @@ def prepare_command(data_dir):
     return f"python data/{corpus}/prepare.py{options}"
 
 
-def token_dtype(meta):
-    """The numpy dtype of a corpus's train.bin and val.bin: meta.json's "dtype", uint16 where it has none."""
-    return np.dtype(meta.get("dtype", "uint16"))
-
-
-def check_ids(meta, where, fix):
-    """A one-line error unless meta's vocab_size, eot_token and dtype fit together."""
-    vocab, eot, dtype = meta.get("vocab_size"), meta.get("eot_token"), meta.get("dtype", "uint16")
-    # GPT-2's EOT id is the largest id written; a pretrained model's tokenizer puts its own anywhere
-    gpt2 = meta.get("tokenizer", "gpt2") == "gpt2"
-    ids = not isinstance(vocab, bool) and isinstance(vocab, int) and isinstance(eot, int) and 0 <= eot < vocab
-    if not ids or gpt2 and eot != vocab - 1:
-        raise UserError(f"{where} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token {eot!r} "
-                        f"is an id below it, vocab_size - 1 with GPT-2's BPE); {fix}")
-    if dtype not in ("uint16", "uint32") or np.iinfo(dtype).max < vocab - 1:
-        raise UserError(f"{where} is damaged: dtype {dtype!r} does not hold vocab_size {vocab:,}'s ids "
-                        f"(uint16 up to {UINT16_IDS:,} ids, else uint32); {fix}")
-
-
 def check_tokenizer(data_dir, identity, what, model, fix):
-    """data_dir's text refused unless the tokenizer of that identity (a model's tokenizer.json, or "gpt2")
-    tokenized it: another tokenizer's ids would mean other tokens. what: the text as the user named it; model:
-    the model's folder or run; fix: what to do."""
+    """data_dir's text refused unless `identity` (a tokenizer.json, or "gpt2") wrote it (its ids)."""
     if (theirs := load_meta(data_dir)["tokenizer"]) != identity:
         ours = "tokenizer.json" if isinstance(identity, dict) else f"tokenizer ({identity})"
         raise UserError(f"{what} was tokenized with {theirs}, not {model}'s {ours}: its ids would mean other "
@@ -72,19 +45,26 @@ def check_tokenizer(data_dir, identity, what, model, fix):
 
 
 def load_meta(data_dir, verify=True):
-    """meta.json, and (verify) every data file checked against its size and sha256 (once, if over
-    VERIFY_ONCE_BYTES)."""
+    """meta.json, and (verify) every data file checked against its size and sha256 (once if large)."""
     folder, fix = Path(data_dir), f"re-prepare it: {prepare_command(data_dir)}"
-    if not (folder / "meta.json").is_file():
+    where = folder / "meta.json"
+    if not where.is_file():
         raise FileNotFoundError(f"no prepared data in {data_dir} (missing meta.json); "
                                 f"run: {prepare_command(data_dir)}")
     try:
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads(where.read_text())
         files = {name: (meta["files"][name]["bytes"], meta["files"][name]["sha256"]) for name in DATA_FILES}
     except (ValueError, KeyError, TypeError) as e:  # not JSON, or a meta.json without the files' checksums
-        raise UserError(f"{folder / 'meta.json'} is damaged ({type(e).__name__}: {str(e)[:60]}); "
-                        f"{fix}") from None
-    check_ids(meta, folder / "meta.json", fix)
+        raise UserError(f"{where} is damaged ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+    vocab, eot, dtype = meta.get("vocab_size"), meta.get("eot_token"), meta.get("dtype", "uint16")
+    # GPT-2's EOT id is the largest id written; a pretrained model's tokenizer puts its own anywhere
+    ids = not isinstance(vocab, bool) and isinstance(vocab, int) and isinstance(eot, int) and 0 <= eot < vocab
+    if not ids or meta.get("tokenizer", "gpt2") == "gpt2" and eot != vocab - 1:
+        raise UserError(f"{where} is damaged: vocab_size {vocab!r} does not fit its ids (eot_token "
+                        f"{eot!r} is an id below it, vocab_size - 1 with GPT-2's BPE); {fix}")
+    if dtype not in ("uint16", "uint32") or np.iinfo(dtype).max < vocab - 1:
+        raise UserError(f"{where} is damaged: dtype {dtype!r} does not hold vocab_size {vocab:,}'s "
+                        f"ids (uint16 up to {UINT16_IDS:,} ids, else uint32); {fix}")
     stamp, stamps, fresh = folder / "verified.json", {}, {}
     with suppress(OSError, ValueError, TypeError):
         stamps = dict(json.loads(stamp.read_text()))
@@ -105,46 +85,42 @@ def load_meta(data_dir, verify=True):
 
 
 def load_split(data_dir, split):
-    """(memmap of the split's tokens in meta.json's dtype, int64 (n_docs, 2) document bounds), after a size
-    check (load_meta verifies)."""
+    """(memmap of the split's tokens, int64 (n_docs, 2) document bounds); load_meta verifies."""
     if split not in SPLITS:
         raise UserError(f"split={split!r} is not allowed; use one of {SPLITS}")
-    dtype, folder = token_dtype(load_meta(data_dir, verify=False)), Path(data_dir)
+    # no "dtype" in meta.json: uint16
+    dtype, folder = np.dtype(load_meta(data_dir, verify=False).get("dtype", "uint16")), Path(data_dir)
+    docs = np.load(folder / f"{split}_docs.npy")
     # held-out text only has no train split; numpy maps no empty file
     if (folder / f"{split}.bin").stat().st_size == 0:
-        return np.zeros(0, dtype), np.load(folder / f"{split}_docs.npy")
-    return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), np.load(folder / f"{split}_docs.npy")
+        return np.zeros(0, dtype), docs
+    return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), docs
 
 
 def held_out(docs, which):
-    """The held-out documents [(start, end)] scored: all, or the dev (even-numbered) or test (odd-numbered)
-    half, a split by whole file made once, the same for every run of a corpus (files in name order)."""
+    """All held-out documents, or the dev (even-numbered) or test (odd) half, by whole file."""
     chosen = {"all": docs, "dev": docs[0::2], "test": docs[1::2]}[which]
     if not len(chosen):
-        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), "
-                        f"none of them {which}; "
-                        "use --docs all, or a corpus with at least 2 held-out documents")
+        raise UserError(f"--docs {which}: the held-out split has {len(docs)} document(s), none of them "
+                        f"{which}; use --docs all, or a corpus with at least 2 held-out documents")
     return chosen
 
 
 def get_rows(tokens, batch_size, block_size, rng):
-    """nanoGPT-style random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing EOTs;
-    len(tokens) > T."""
+    """nanoGPT's random windows, int64 [B, T+1] (inputs row[:-1], targets row[1:]), crossing EOTs."""
     # high is exclusive: the last target is the last token
     ix = rng.integers(0, len(tokens) - block_size, size=batch_size)
     return np.stack([tokens[i:i + block_size + 1] for i in ix]).astype(np.int64)
 
 
 def doc_windows(docs, length, n_windows, rng):
-    """Sorted starts of up to n_windows windows of `length` tokens, each inside a document: of the aligned
-    windows start + k*length of every document, all, or n_windows drawn without replacement (spread by
-    document length)."""
+    """Sorted starts of the windows start + k*length inside each document: all, or n_windows drawn of them."""
     docs = np.asarray(docs, dtype=np.int64).reshape(-1, 2)
     doc_lens = docs[:, 1] - docs[:, 0]
     longest = int(doc_lens.max()) if len(doc_lens) else 0
     if length > longest:  # checked before numpy divides: a length past its integers would overflow
         raise UserError(f"no window of length {length} fits inside a document: the longest document has "
-                         f"{longest} tokens, so 0 windows are available; use a length <= {longest}")
+                        f"{longest} tokens, so 0 windows are available; use a length <= {longest}")
     per_doc = doc_lens // length
     total = int(per_doc.sum())
     k = np.arange(total) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
@@ -155,9 +131,7 @@ def doc_windows(docs, length, n_windows, rng):
 
 
 def in_tokens(multiples, option, train_len, docs):
-    """--option's multiples of the training length in tokens, each at least one and short enough for a window
-    (with its shifted target) inside the longest held-out document: else a one-line error in the option's own
-    unit."""
+    """--option's multiples of train_len in tokens, each a window inside a held-out document."""
     longest = int((docs[:, 1] - docs[:, 0]).max()) if len(docs) else 0
     for m in multiples:
         if round(m * train_len) < 1:
@@ -165,7 +139,6 @@ def in_tokens(multiples, option, train_len, docs):
                             "use a larger multiple")
         if round(m * train_len) >= longest:
             raise UserError(f"--{option} {m:g} is {m * train_len:,.6g} tokens, and the longest held-out "
-                            f"document has {longest:,}: use --{option} below "
-                            f"{(longest - 1) / train_len:.4g} (multiples of the training "
-                            f"length {train_len})")
+                            f"document has {longest:,}: use --{option} below {(longest - 1) / train_len:.4g} "
+                            f"(multiples of the training length {train_len})")
     return [round(m * train_len) for m in multiples]

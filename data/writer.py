@@ -128,7 +128,7 @@ def write_documents(docs, out_dir, vocab_size, source=None, val_fraction=0.1, se
         print(f"{s}: {n_docs[s]:,} documents, {stats[s]['tokens']:,} tokens -> {out_dir / f'{s}.bin'}")
     total = sum(st["tokens"] for st in stats.values())
     print(f"tokenized {total:,} tokens in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} tokens/s, workers={workers})")
-    # no "dtype" reads as uint16 (dataset.token_dtype): a uint16 corpus gets the same meta.json as ever
+    # no "dtype" reads as uint16 (dataset.load_split): a uint16 corpus gets the same meta.json as ever
     wide = {} if dtype == "uint16" else {"dtype": dtype}
     meta = dict(tokenizer=getattr(enc, "identity", "gpt2"),  # a model's: its tokenizer.json's sha256
                 vocab_size=vocab_size, eot_token=enc.eot_token, splits=splits, source=source,

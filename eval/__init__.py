@@ -1,1 +1,1 @@
-"""Evaluations of trained runs: score.py (shared loading and scoring), extrapolate.py, compare.py."""
+"""Evaluations of trained runs: extrapolate.py (scoring in score.py), compare.py."""

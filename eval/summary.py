@@ -1,5 +1,5 @@
-"""What a grid of per-target NLL says (eval/extrapolate.py, the lab): per-unit means and paired differences,
-means with standard errors over units, and curves binned by position."""
+"""What a grid of per-target NLL says: per-unit means and paired differences, their means with standard
+errors over units, curves binned by position."""
 import math
 
 import numpy as np
@@ -18,8 +18,7 @@ def mean_stderr(per_unit):
 
 
 def per_unit(nll, pos, train_len, none, crop):
-    """Per unit: the loss over all its targets and past train_len, and the paired differences to none and crop
-    past train_len (and to none inside it), each None where there are no such targets or no reference."""
+    """Per unit: the loss (all, past train_len), paired differences to none and crop (None: no targets)."""
     past, inside = pos >= train_len, pos < train_len
     def mean(a, where):
         return None if a is None or not where.any() else a[:, where].mean(axis=1)
@@ -30,7 +29,7 @@ def per_unit(nll, pos, train_len, none, crop):
 
 
 def summarize(units):
-    """An entry's fields from its per_unit values (None: not scored): means and standard errors over units."""
+    """An entry's fields from its per_unit values (None: not scored)."""
     if units is None:
         return dict.fromkeys(("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr", "per_unit"))
     out = {}
@@ -43,7 +42,7 @@ def summarize(units):
 
 
 def curves(nll, ref, edges, key="loss", err_key="stderr"):
-    """Binned nll by position with its band (standard error over units), and the paired difference to none."""
+    """nll binned by position with its standard error over units, and its paired difference to ref."""
     def binned(a, key, err_key):
         per_unit = np.stack([a[:, lo:hi].mean(axis=1) for lo, hi in zip(edges[:-1], edges[1:])], axis=1)
         err = per_unit.std(axis=0, ddof=1) / math.sqrt(len(a)) if len(a) > 1 else np.zeros(per_unit.shape[1])
@@ -62,7 +61,7 @@ def helped_tokens(scored, protocol, eval_len, threshold):
 
 
 def bin_edges(eval_len, bins):
-    """Edges of the position bins: ~50 linear bins (2% of the length each), or ~40 log-spaced ones."""
+    """~50 linear bins (2% of the length each), or ~40 log-spaced ones."""
     if bins == "log":
         if eval_len == 1:
             return np.array([0, 1])
@@ -72,9 +71,8 @@ def bin_edges(eval_len, bins):
 
 
 def summarize_grid(results, scored, positions, train_len, bins, threshold):
-    """Each result's numbers (summarize, helped tokens) and, under the windows protocol, its curves by
-    position, in place. scored: {(protocol, length, method, mode): NLL [units, n] or None}; positions:
-    {(protocol, length): each target's position in its window [n]}."""
+    """Each result's numbers and (windows protocol) its curves, in place. scored: {(protocol, length, method,
+    mode): NLL [units, n] or None}; positions: {(protocol, length): each target's position in its window}."""
     helped = {k[:2]: helped_tokens(scored, *k[:2], threshold) for k in scored}
     for r in results:
         key = r["protocol"], r["eval_len"]
