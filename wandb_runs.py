@@ -1,6 +1,6 @@
-"""wandb as docs/wandb.md describes it: one wandb run per trained model, which its evaluations and probes resume
-by the id kept in the run folder; the numbers a user compares as summary metrics with sortable names; curves as
-history on their own x-axis. Nothing waits on a login or a network: offline, said in one line, instead."""
+"""wandb as docs/wandb.md describes: one run per trained model, resumed by its evaluations by the id kept in
+the run folder; numbers as summary metrics, curves as history on their own x-axis. Offline where there is no
+login or no server, said in one line: nothing waits on a network."""
 import http.client
 import json
 import netrc
@@ -18,8 +18,7 @@ from common import UserError, run_home
 
 RUN_FILE = "wandb.json"  # in a run folder: the id, name, project, group and job type of its wandb run
 MODES = ("online", "offline", "disabled")
-# seconds; wandb itself would prompt for a missing login, and retry an unreachable server for 90 s
-CONNECT_TIMEOUT, INIT_TIMEOUT = 3, 30
+CONNECT_TIMEOUT, INIT_TIMEOUT = 3, 30  # seconds (wandb prompts for a login, and retries a server for 90 s)
 AXES = {"iter": ("train/*", "val/*", "lr", "tokens_per_s"),  # x-axis: the metrics plotted against it
         "position": ("loss_by_position/*", "loss_minus_crop_by_position/*")}
 
@@ -40,16 +39,15 @@ def offline(why):
 
 
 def wandb_mode():
-    """WANDB_MODE's offline or disabled as given; else online only with a login and a server that answers."""
     if (mode := given_mode()) in ("offline", "disabled"):
         return mode
     url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
     login = os.environ.get("WANDB_API_KEY")
-    with suppress(OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that cannot be read: no login there
+    with suppress(OSError, netrc.NetrcParseError):  # no ~/.netrc, or an unreadable one: no login
         login = login or netrc.netrc().authenticators(urlparse(url).hostname)
     if not login:
         return offline("no wandb login (WANDB_API_KEY or `wandb login`)")
-    try:  # an answer, not only a connection: a server that accepts and never answers would hold the run
+    try:  # an answer, not only a connection: a server that never answers would hold the run
         urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT).close()
     except urllib.error.HTTPError:  # an error page is an answer: the server is there
         pass
@@ -59,18 +57,17 @@ def wandb_mode():
 
 
 def run_file(run_dir):
-    """The wandb run kept in run_dir ({} where there is none)."""
     path = run_home(run_dir) / RUN_FILE
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 def ready_to_log(run_dir, new=False):
-    """Checked before any work: WANDB_MODE and wandb's folder. The run kept in run_dir ({}: none, or new), or
-    None where wandb is disabled."""
+    """Checked before any work: WANDB_MODE, wandb's folder. The run kept in run_dir ({}: none, or new); None:
+    wandb is disabled."""
     if given_mode() == "disabled":
         return None
     folder = Path(os.environ.get("WANDB_DIR") or ".") / "wandb"
-    try:  # else wandb logs into a temporary folder, where `wandb sync wandb/...` would not find the run
+    try:  # else wandb logs into a temporary folder, where `wandb sync wandb/...` would not find it
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
@@ -81,10 +78,8 @@ def ready_to_log(run_dir, new=False):
 
 
 def open_run(config, run_dir, new=False, job_type=None):
-    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere: resumed
-    by the id in its wandb.json, else (or new) a new run whose id is kept there. What a workspace groups by:
-    the group (wandb_group, else a fine-tune's origin's group, else the run's name) and config_name (the
-    run's name without a study's _seed<k>)."""
+    """The wandb run of the model in run_dir (None: it logs nowhere), resumed by the id kept there, else (or
+    new) a new one. A workspace groups by group (a fine-tune: its origin's) and config_name (its seeds')."""
     import wandb
     run_dir = run_home(run_dir)
     if (known := ready_to_log(run_dir, new)) is None or (mode := wandb_mode()) == "disabled":
@@ -102,23 +97,22 @@ def open_run(config, run_dir, new=False, job_type=None):
                     resume="allow" if known else None, **run)
     try:
         wb = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=INIT_TIMEOUT), **settings)
-    except wandb.errors.CommError as e:  # reachable, yet no run within INIT_TIMEOUT, or the login was refused
+    except wandb.errors.CommError as e:  # no run within INIT_TIMEOUT, or the login refused
         offline(f"the server did not start the run ({' '.join(str(e).split())[:120]})")
-        wandb.teardown()  # its service still holds the failed run's id: offline under that id needs a new one
+        wandb.teardown()  # its service holds the failed run's id: a new service can log under it
         wb = wandb.init(mode="offline", **settings)
-    if not known:  # written once the run has started: a run that could not start leaves no id behind
-        with suppress(OSError):  # a read-only run folder: its evaluations log to runs of their own
+    if not known:  # once started; a read-only run folder's evaluations log to runs of their own
+        with suppress(OSError):
             (run_dir / RUN_FILE).write_text(json.dumps(run))
     for m in ("position", "position_over_L"):  # x-axes, not curves against wandb's _step
         wb.define_metric(m, hidden=True)
     for step, metrics in AXES.items():
-        for m in metrics:  # a curve's last value is no summary: the summary is what a runs table compares
+        for m in metrics:  # a curve's last value is no summary: a runs table compares summaries
             wb.define_metric(m, step_metric=step, **({} if step == "iter" else {"summary": "none"}))
     return wb
 
 
 def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
-    """Into the model's run: summary metrics, history rows and media (tables, images)."""
     if (run := open_run(config, run_dir, job_type=job_type)) is None:
         return
     with run:
@@ -130,7 +124,6 @@ def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
 
 
 def key(*parts):
-    """A metric name: parts joined by '/', each without spaces, slashes or parentheses."""
     return "/".join(re.sub(r"[\s/()]+", "_", str(p)).strip("_") for p in parts)
 
 
@@ -144,12 +137,11 @@ EXTRAPOLATION = dict(ppl="ppl", ppl_past_L="ppl_beyond_train", loss_past_L="loss
 
 
 def extrapolation_metrics(report):
-    """(summary, history rows) of an extrapolation report: EXTRAPOLATION's numbers per length (a multiple of
-    L), method and, where both ran, protocol; the loss and loss minus crop by position in rows whose x is the
-    token position."""
+    """(summary, history rows): the numbers per length, method and (where both ran) protocol; the curves by
+    position."""
     L, results = report["train_len"], [r for r in report["results"] if r["available"]]
     both = len({r["protocol"] for r in results}) > 1
-    summary, by_length = {}, {}
+    summary, rows = {}, {}
     for r in results:
         method = "-".join(filter(None, (r["method"], r["mode"])))  # dynamic-ntk-causal
         at = (times(r["eval_len"], L), method, *([r["protocol"]] if both else []))
@@ -158,10 +150,8 @@ def extrapolation_metrics(report):
         for curve, name, field in (("curve", "loss_by_position", "loss"),
                                    ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
             for x, y in zip(r[curve]["x"], r[curve][field]) if r.get(curve) else ():
-                by_length.setdefault(r["eval_len"], {}).setdefault(x + 1, {})[key(name, *at[:2])] = y
-    rows = [dict(position=p, position_over_L=p / L, **values)
-            for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
-    return summary, rows
+                rows.setdefault((r["eval_len"], x + 1), {})[key(name, *at[:2])] = y
+    return summary, [dict(position=p, position_over_L=p / L, **v) for (_, p), v in sorted(rows.items())]
 
 
 def log_extrapolation(report, ckpt, run_dir, png_path):
