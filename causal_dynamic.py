@@ -1,6 +1,6 @@
-"""Exact causal dynamic scaling (--dynamic_modes causal): every query, and every key it sees, rotated with the
-frequencies of its own length t + 1, as token-by-token generation does; one forward of T tokens otherwise
-gives every query the frequencies of length T. Opt-in and slow, so positions.py imports it only when asked."""
+"""Exact causal dynamic scaling (--dynamic_modes causal): query t, and every key it sees, rotated with the
+frequencies of length t + 1, as token-by-token generation does (one forward of T tokens otherwise gives every
+query length T's). Opt-in and slow: positions.py imports it only when asked."""
 import math
 
 import torch
@@ -9,19 +9,17 @@ from rope import apply_rope, frequencies, pair_attention, rope_cos_sin
 
 
 def causal_dynamic_frequencies(config, scaling, seq_len, device):
-    """Exact causal dynamic scaling's frequencies [seq_len, head_dim / 2] (row t: length t + 1's) and
-    attention factor per pair [head_dim / 2] (the full length's), for causal_dynamic_attention."""
+    """Frequencies [seq_len, head_dim / 2] (row t: length t + 1's), and the full length's attention factor
+    per pair."""
     freqs = [frequencies(config, scaling, n) for n in range(1, seq_len + 1)]
     attention = pair_attention(config, freqs[-1][1])
     return torch.stack([f for f, _ in freqs]).to(device), attention.to(device)
 
 
 def causal_dynamic_attention(q, k, v, inv_freq, attention_factor, mask, layout):
-    """Exact causal dynamic scaling: query t and every key it sees (bool mask [T, T]) rotated with
-    inv_freq[t], the frequencies for length t + 1; chunks of queries keep the re-rotated keys to ~16 MB."""
     B, H, T, D = q.shape
     pos = torch.arange(T, device=q.device)
-    chunk = max(1, (1 << 22) // (B * H * T * D))
+    chunk = max(1, (1 << 22) // (B * H * T * D))  # queries per chunk: its re-rotated keys ~16 MB
     out = []
     # last chunk first: the re-rotated keys then shrink from chunk to chunk and the allocator reuses the
     # freed memory (growing sizes fragment glibc's heap to several GB at long lengths)

@@ -1,8 +1,6 @@
-"""wandb as its users compare runs (docs/wandb.md): one wandb run per trained model, which its evaluation,
-probes and training resume by the id kept in the run folder; every number a user compares a summary metric
-with a sortable name; curves as history on their own x-axis (training: iter; loss by position: position).
-Never waits on a login or a network: offline, said in one line, whenever the server cannot be had.
-Torch-free."""
+"""wandb as docs/wandb.md describes: one run per trained model, resumed by its evaluations by the id kept in
+the run folder; numbers as summary metrics, curves as history on their own x-axis. Offline where there is no
+login or no server, said in one line: nothing waits on a network."""
 import http.client
 import json
 import netrc
@@ -19,116 +17,69 @@ from urllib.parse import urlparse
 from common import UserError, run_home
 
 RUN_FILE = "wandb.json"  # in a run folder: the id, name, project, group and job type of its wandb run
-RUN_KEYS = ("id", "name", "project", "group", "job_type")
-MODES = ("online", "offline", "disabled")  # WANDB_MODE's; wandb's own aliases: dryrun (offline), run (online)
-CONNECT_TIMEOUT, INIT_TIMEOUT = 3, 30  # seconds: a server that does not answer in these is not there
+MODES = ("online", "offline", "disabled")
+CONNECT_TIMEOUT, INIT_TIMEOUT = 3, 30  # seconds (wandb prompts for a login, and retries a server for 90 s)
 AXES = {"iter": ("train/*", "val/*", "lr", "tokens_per_s"),  # x-axis: the metrics plotted against it
         "position": ("loss_by_position/*", "loss_minus_crop_by_position/*")}
-HIDDEN = ("position", "position_over_L")  # x-axes of their own, not curves against wandb's _step
-
-
-def server():
-    """(base URL, host, port) of the wandb server this machine would log to."""
-    url = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
-    return url.geturl(), url.hostname, url.port or (80 if url.scheme == "http" else 443)
 
 
 def given_mode():
-    """WANDB_MODE as given: one of MODES, or "" (unset); any other value is an error (wandb's: a page of
-    pydantic)."""
     given = os.environ.get("WANDB_MODE", "")
-    mode = {"dryrun": "offline", "run": "online"}.get(given.lower(), given.lower())
-    if mode not in ("", *MODES):
+    mode = {"dryrun": "offline", "run": "online"}.get(given.lower(), given.lower())  # wandb's own aliases
+    if mode not in ("", *MODES):  # wandb's own error is a page of pydantic
         raise UserError(f"WANDB_MODE={given!r} is not one of: {', '.join(MODES)} (unset: online where there "
                         "is a login, else offline)")
     return mode
 
 
-def wandb_mode():
-    """WANDB_MODE's offline or disabled as given; else online where there is a login and its server answers
-    within CONNECT_TIMEOUT, else offline, said in one line (wandb online without a login prompts, or fails,
-    and without a network waits about 100 s before it fails)."""
-    mode = given_mode()
-    if mode in ("offline", "disabled"):
-        return mode
-    url, host, port = server()
-    login = os.environ.get("WANDB_API_KEY")
-    with suppress(OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that cannot be read: no login there
-        login = login or netrc.netrc().authenticators(host)
-    why = None if login else "no wandb login (WANDB_API_KEY or `wandb login`)"
-    if login:
-        try:  # an answer, not only a connection: a server that accepts and never answers would hold the run
-            urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT).close()
-        except urllib.error.HTTPError:  # an error page is an answer: the server is there
-            pass
-        except (OSError, http.client.HTTPException) as e:  # refused, unreachable, silent, or not HTTP
-            why = f"{url} cannot be reached ({getattr(e, 'reason', None) or e or type(e).__name__})"
-    if why:
-        offline(why)
-    return "online" if why is None else "offline"
-
-
-def run_file(run_dir):
-    """The wandb run kept in run_dir's wandb.json ({} where there is none), checked: a file that is not one is
-    an error, never replaced (it names the run a model's evaluations log into)."""
-    path = run_home(run_dir) / RUN_FILE
-    if not path.exists():
-        return {}
-    try:
-        run = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} cannot be read as a wandb run file ({e}): fix it, or delete it to log a new "
-                        "wandb run") from None
-    why = None
-    if not isinstance(run, dict) or set(run) != set(RUN_KEYS):
-        why = f"it is not an object of exactly {', '.join(RUN_KEYS)}"
-    elif not (isinstance(run["id"], str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run["id"])):
-        why = f"id {run['id']!r} is not a wandb run id (letters, digits, '-' and '_')"
-    elif bad := [k for k in RUN_KEYS[1:] if not (isinstance(run[k], str) and run[k].strip())]:
-        why = f"{bad[0]} {run[bad[0]]!r} is not a name"
-    if why:
-        raise UserError(f"{path} is not a wandb run file ({why}): fix it, or delete it to log a new wandb "
-                        "run")
-    return run
-
-
-def wandb_folder():
-    """The folder wandb keeps its runs in, made and checked writable: one line with advice if it cannot be."""
-    folder = Path(os.environ.get("WANDB_DIR") or ".") / "wandb"
-    advice = "set WANDB_DIR to a writable folder, or log nothing (--wandb_log=false)"
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder} is a file, where wandb keeps its runs: move it, or {advice}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise UserError(f"{folder}, where wandb keeps its runs, cannot be written ({e.strerror or e}): "
-                        f"{advice}") from None
-    return folder
-
-
-def ready_to_log(run_dir, new=False):
-    """Before any work: WANDB_MODE, the run file in run_dir (new: none is read, a new run starts) and wandb's
-    folder checked. The run file's run ({}: none), or None where wandb is disabled."""
-    if given_mode() == "disabled":
-        return None
-    known = {} if new else run_file(run_dir)
-    wandb_folder()
-    return known
-
-
 def offline(why):
     print(f"wandb: {why}: logging offline under ./wandb; upload with `wandb sync wandb/offline-run-*`",
           flush=True)
+    return "offline"
+
+
+def wandb_mode():
+    if (mode := given_mode()) in ("offline", "disabled"):
+        return mode
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    login = os.environ.get("WANDB_API_KEY")
+    with suppress(OSError, netrc.NetrcParseError):  # no ~/.netrc, or an unreadable one: no login
+        login = login or netrc.netrc().authenticators(urlparse(url).hostname)
+    if not login:
+        return offline("no wandb login (WANDB_API_KEY or `wandb login`)")
+    try:  # an answer, not only a connection: a server that never answers would hold the run
+        urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT).close()
+    except urllib.error.HTTPError:  # an error page is an answer: the server is there
+        pass
+    except (OSError, http.client.HTTPException) as e:  # refused, unreachable, silent, or not HTTP
+        return offline(f"{url} cannot be reached ({getattr(e, 'reason', None) or e or type(e).__name__})")
+    return "online"
+
+
+def run_file(run_dir):
+    path = run_home(run_dir) / RUN_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def ready_to_log(run_dir, new=False):
+    """Checked before any work: WANDB_MODE, wandb's folder. The run kept in run_dir ({}: none, or new); None:
+    wandb is disabled."""
+    if given_mode() == "disabled":
+        return None
+    folder = Path(os.environ.get("WANDB_DIR") or ".") / "wandb"
+    try:  # else wandb logs into a temporary folder, where `wandb sync wandb/...` would not find it
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        why = "is a file" if folder.is_file() else f"cannot be written ({e.strerror or e})"
+        raise UserError(f"{folder} {why}, where wandb keeps its runs: set WANDB_DIR to a writable folder, or "
+                        "log nothing (--wandb_log=false)") from None
+    return {} if new else run_file(run_dir)
 
 
 def open_run(config, run_dir, new=False, job_type=None):
-    """The wandb run of the model in run_dir (a run folder or its ckpt.pt), None where it logs nowhere:
-    resumed by the id in run_dir/wandb.json, else (or new: a training from scratch) a new run whose id is kept
-    there. Its name is the run's, its group the study's (wandb_group) or else its own (a fine-tune: its
-    origin's group), so a workspace groups a model with its fine-tunes; job type train, fine-tune, or as
-    given. Its config: the run's, and config_name, the run's name without a study's _seed<k>, which a config's
-    seeds share (a workspace groups them by it)."""
+    """The wandb run of the model in run_dir (None: it logs nowhere), resumed by the id kept there, else (or
+    new) a new one. A workspace groups by group (a fine-tune: its origin's) and config_name (its seeds')."""
     import wandb
     run_dir = run_home(run_dir)
     if (known := ready_to_log(run_dir, new)) is None or (mode := wandb_mode()) == "disabled":
@@ -139,31 +90,29 @@ def open_run(config, run_dir, new=False, job_type=None):
     run = known or dict(id=secrets.token_hex(4), name=name, project=config.get("wandb_project", "ropelab"),
                         group=config.get("wandb_group") or (tuned and run_file(origin).get("group")) or name,
                         job_type=job_type or ("fine-tune" if tuned else "train"))
-    if not (isinstance(run["project"], str) and run["project"].strip()):
+    if not run["project"].strip():
         raise UserError(f"wandb_project={run['project']!r} is not a project name: give one, e.g. "
                         "--wandb_project=ropelab")
     settings = dict(config=dict(config, config_name=re.sub(r"_seed\d+$", "", name)),
                     resume="allow" if known else None, **run)
     try:
         wb = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=INIT_TIMEOUT), **settings)
-    except wandb.errors.CommError as e:  # reachable, yet no run within INIT_TIMEOUT, or the login was refused
+    except wandb.errors.CommError as e:  # no run within INIT_TIMEOUT, or the login refused
         offline(f"the server did not start the run ({' '.join(str(e).split())[:120]})")
-        wandb.teardown()  # its service still holds the failed run's id: offline under that id needs a new one
+        wandb.teardown()  # its service holds the failed run's id: a new service can log under it
         wb = wandb.init(mode="offline", **settings)
-    if not known:  # written once the run has started: a run that could not start leaves no id behind
-        with suppress(OSError):  # a read-only run folder: its evaluations log to runs of their own
+    if not known:  # once started; a read-only run folder's evaluations log to runs of their own
+        with suppress(OSError):
             (run_dir / RUN_FILE).write_text(json.dumps(run))
-    for m in HIDDEN:
+    for m in ("position", "position_over_L"):  # x-axes, not curves against wandb's _step
         wb.define_metric(m, hidden=True)
     for step, metrics in AXES.items():
-        for m in metrics:  # curves' values are no summary: the summary is the numbers a runs table compares
+        for m in metrics:  # a curve's last value is no summary: a runs table compares summaries
             wb.define_metric(m, step_metric=step, **({} if step == "iter" else {"summary": "none"}))
     return wb
 
 
 def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
-    """Into the model's run: summary metrics, history rows (curves on their own x-axis) and media (tables,
-    images)."""
     if (run := open_run(config, run_dir, job_type=job_type)) is None:
         return
     with run:
@@ -175,8 +124,6 @@ def log_results(run_dir, config, summary, rows=(), media=None, job_type=None):
 
 
 def key(*parts):
-    """A metric name: parts joined by '/', each without spaces, slashes or parentheses (a contrast 'yarn -
-    rope_small crop')."""
     return "/".join(re.sub(r"[\s/()]+", "_", str(p)).strip("_") for p in parts)
 
 
@@ -190,13 +137,11 @@ EXTRAPOLATION = dict(ppl="ppl", ppl_past_L="ppl_beyond_train", loss_past_L="loss
 
 
 def extrapolation_metrics(report):
-    """(summary, history rows) of an eval/extrapolate.py report: per length (a multiple of L), method and,
-    where both ran, protocol, the numbers of EXTRAPOLATION; per length the binned loss and loss minus crop by
-    position, the bins of extrapolation.png, in rows whose x is the token position (and position_over_L, its
-    multiple of L)."""
+    """(summary, history rows): the numbers per length, method and (where both ran) protocol; the curves by
+    position."""
     L, results = report["train_len"], [r for r in report["results"] if r["available"]]
     both = len({r["protocol"] for r in results}) > 1
-    summary, by_length = {}, {}
+    summary, rows = {}, {}
     for r in results:
         method = "-".join(filter(None, (r["method"], r["mode"])))  # dynamic-ntk-causal
         at = (times(r["eval_len"], L), method, *([r["protocol"]] if both else []))
@@ -204,16 +149,12 @@ def extrapolation_metrics(report):
                         if r[field] is not None})
         for curve, name, field in (("curve", "loss_by_position", "loss"),
                                    ("crop_curve", "loss_minus_crop_by_position", "diff_crop")):
-            for x, y in zip(*(r[curve][k] for k in ("x", field))) if r.get(curve) else ():
-                by_length.setdefault(r["eval_len"], {}).setdefault(x + 1, {})[key(name, *at[:2])] = y
-    rows = [dict(position=p, position_over_L=p / L, **values)
-            for T in sorted(by_length) for p, values in sorted(by_length[T].items())]
-    return summary, rows
+            for x, y in zip(r[curve]["x"], r[curve][field]) if r.get(curve) else ():
+                rows.setdefault((r["eval_len"], x + 1), {})[key(name, *at[:2])] = y
+    return summary, [dict(position=p, position_over_L=p / L, **v) for (_, p), v in sorted(rows.items())]
 
 
 def log_extrapolation(report, ckpt, run_dir, png_path):
-    """Into the model's run: eval/extrapolate.py's numbers as summary metrics, its curves by position, its
-    table and figure."""
     import wandb
     from eval.report import CSV_FIELDS
     table = wandb.Table(columns=[*CSV_FIELDS], data=[[r[k] for k in CSV_FIELDS] for r in report["results"]])

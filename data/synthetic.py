@@ -1,6 +1,5 @@
-"""Synthetic retrieval sequences: random tokens repeated `distance` tokens later, or key-value pairs recalled
-(MQAR). Mixed into training batches (train.py's retrieval_mix, retrieval_task) they teach a small model to
-copy (an induction head); lab/probes.py builds its probe rows from them and asks how far it still copies."""
+"""Synthetic retrieval rows: random tokens repeated later (copy), or key-value pairs recalled (MQAR). Mixed
+into training batches (retrieval_mix) they teach a small model to copy; lab/probes.py asks how far."""
 import numpy as np
 
 from common import UserError
@@ -8,7 +7,7 @@ from data.dataset import get_rows
 
 
 def plant_repeat(row, segment, start, distance):
-    """Write segment at row[start:] and again at row[start + distance:] (in place)."""
+    """Write segment at row[start:] and again `distance` tokens later (in place)."""
     k = len(segment)
     if distance < k:
         raise UserError(f"distance {distance} is shorter than the segment ({k} tokens): the copies would "
@@ -16,20 +15,18 @@ def plant_repeat(row, segment, start, distance):
     if start < 0 or start + distance + k > len(row):
         raise UserError(f"a segment of {k} at {start} repeated at distance {distance} does not fit in "
                         f"{len(row)} tokens")
-    row[start:start + k] = segment
-    row[start + distance:start + distance + k] = segment
+    row[start:start + k] = row[start + distance:start + distance + k] = segment
 
 
 def random_vocab(retrieval_vocab, vocab_size):
-    """How many ids random segments draw from: retrieval_vocab (0: all) but never EOT, a vocabulary's last
-    id."""
+    """How many ids random segments draw from: retrieval_vocab (0: all), never EOT (the last id)."""
     return min(retrieval_vocab or vocab_size - 1, vocab_size - 1)
 
 
 def copy_chunk_row(rng, n, vocab, longest):
-    """n tokens of chunks of uniform length 2..longest, each (once there is room) with probability 1/2 a copy
-    of an earlier stretch of the row (uniform start: every distance up to n is practised), else uniform ids
-    < vocab. No fixed offset predicts so many repeats: the model has to match content (an induction head)."""
+    """n tokens in chunks of 2..longest, each (once there is room) with probability 1/2 a copy of an earlier
+    stretch, from anywhere (every distance is practised), else random ids. No fixed offset predicts so many
+    repeats: the model has to match content (an induction head)."""
     row, at = np.empty(n, dtype=np.int64), 0
     while at < n:
         k = min(int(rng.integers(2, longest + 1)), n - at)
@@ -43,39 +40,31 @@ def copy_chunk_row(rng, n, vocab, longest):
 
 
 def mix_copies(rows, rng, fraction, longest, vocab):
-    """Replace the first round(fraction * B) rows of a [B, T+1] batch of text by copy_chunk_row rows (in
-    place)."""
     for row in rows[:round(fraction * len(rows))]:
         row[:] = copy_chunk_row(rng, len(row), vocab, longest)
 
 
 def copy_rows(filler, rng, segment, distances, vocab, segments=None):
-    """Copy probe rows: filler [N, n] (a row per distance) with a random segment whose second copy ends the
-    row, `distance` tokens after the first. Targets: its tokens 1..segment-1 (the first cannot be known), at
-    n-segment .. n-2. segments [N, segment]: plant these (e.g. stretches of held-out text) instead of uniform
-    ids < vocab."""
-    rows = np.array(filler, dtype=np.int64)  # a copy: the filler may be a read-only memmap
+    """Copy probe rows: filler [N, n] (copied: it may be a read-only memmap), a row per distance, with a
+    segment (random ids, or segments[i]) whose second copy ends the row."""
+    rows = np.array(filler, dtype=np.int64)
     for i, (row, d) in enumerate(zip(rows, np.asarray(distances, dtype=np.int64).tolist())):
-        # None: uniform ids, drawn here
         seg = rng.integers(0, vocab, size=segment) if segments is None else segments[i]
         plant_repeat(row, seg, len(row) - segment - d, d)
     return rows
 
 
 def mqar_rows(filler, rng, pairs, vocab, at):
-    """Multi-query associative recall (Zoology, Arora et al. 2023) rows: filler [N, n] (copied) with `pairs`
-    distinct keys < vocab // 2 at 0, 2, 4, ..., each followed by its value (distinct, in vocab // 2 .. vocab -
-    1: a disjoint range, so a value is never mistaken for a key), and the keys asked again in a random order
-    (a block asked in order would be a plain copy) at positions at [N, pairs], each followed by its value.
-    Returns (rows, mask [N, n]): True exactly at the values after the queries, the only tokens a model can
-    know; what lies between is the filler, untouched."""
+    """Multi-query associative recall rows (Zoology, Arora et al. 2023): filler [N, n] (copied) with `pairs`
+    keys < vocab // 2, each followed by its value (>= vocab // 2: never taken for a key), then the keys asked
+    again in random order (in order it would be a plain copy) at positions at [N, pairs], each followed by
+    its value. Returns (rows, mask): True exactly at those values, the only tokens a model can know."""
     rows, at = np.array(filler, dtype=np.int64), np.asarray(at, dtype=np.int64).reshape(len(filler), pairs)
     if not 1 <= pairs <= vocab // 2:
         raise UserError(f"{pairs} key-value pairs need 1 <= pairs <= vocab // 2 = {vocab // 2}")
     if (at[:, 0] < 2 * pairs).any() or (at[:, -1] + 1 >= rows.shape[1]).any() or (np.diff(at) < 2).any():
         raise UserError(f"queries at {at.tolist()} must follow the {2 * pairs} tokens of pairs, increase by "
-                        ">= 2 "
-                         f"and leave room for their values in {rows.shape[1]} tokens")
+                        f">= 2 and leave room for their values in {rows.shape[1]} tokens")
     mask = np.zeros(rows.shape, dtype=bool)
     for row, where, m in zip(rows, at, mask):
         keys = rng.choice(vocab // 2, pairs, replace=False)
@@ -87,9 +76,8 @@ def mqar_rows(filler, rng, pairs, vocab, at):
 
 
 def mqar_batch(rng, count, n, pairs, vocab):
-    """`count` training MQAR rows of n tokens: distractors uniform ids < vocab (the keys' and values' own
-    distribution, as Zoology's), queries at two-token slots after the pairs drawn uniformly (Zoology: a power
-    law favouring short gaps) so that every distance up to n is practised. Returns mqar_rows' (rows, mask)."""
+    """`count` training MQAR rows of n tokens: the filler random ids (as Zoology's), the queries at slots
+    drawn uniformly (Zoology: a power law favouring short gaps), so that every distance is practised."""
     slots = (n - 2 * pairs) // 2  # the last slot's value is the row's last token at most
     if slots < pairs:
         raise UserError(f"{pairs} key-value pairs and their queries need {4 * pairs} tokens, a row has {n}")
@@ -98,15 +86,12 @@ def mqar_batch(rng, count, n, pairs, vocab):
 
 
 def mix_mqar(rows, rng, fraction, pairs, vocab):
-    """Replace the first round(fraction * B) rows of a [B, T+1] batch of text by mqar_batch rows (in
-    place)."""
     m = round(fraction * len(rows))
     rows[:m] = mqar_batch(rng, m, rows.shape[1], pairs, vocab)[0]
 
 
 def mix_retrieval(rows, rng, config, vocab):
-    """Replace retrieval_mix of a batch's rows by retrieval_task's synthetic rows (in place); their loss is
-    the rows' own."""
+    """Replace retrieval_mix of a batch's rows [B, T + 1] by retrieval_task's (in place)."""
     if config["retrieval_mix"] and config["retrieval_task"] == "mqar":
         mix_mqar(rows, rng, config["retrieval_mix"], config["retrieval_segment"] // 2, vocab)
     elif config["retrieval_mix"]:
@@ -114,13 +99,12 @@ def mix_retrieval(rows, rng, config, vocab):
 
 
 def retrieval_check(rng, config, count, T, val_tokens, vocab):
-    """(metric name, rows [count, T + 1], known [count, T + 1]: the tokens a model can know) that training's
-    evaluation scores top-1 on: MQAR rows as trained on (mqar_acc), or held-out text with a segment repeated
-    at distances spread over the window, its last segment - 1 tokens known (copy_top1)."""
+    """(metric, rows [count, T + 1], known: the tokens a model can know) that training scores top-1 on: MQAR
+    rows (mqar_acc), or held-out text with a segment repeated at distances over the window (copy_top1)."""
     if config["retrieval_task"] == "mqar":
         return ("mqar_acc", *mqar_batch(rng, count, T + 1, config["retrieval_segment"] // 2, vocab))
     k = config["retrieval_segment"]
-    distances = np.linspace(k, T + 1 - k, count).round()  # spread over every distance inside the window
+    distances = np.linspace(k, T + 1 - k, count).round()
     rows = copy_rows(get_rows(val_tokens, count, T, rng), rng, k, distances, vocab)
     known = np.zeros(rows.shape, dtype=bool)
     known[:, -(k - 1):] = True
