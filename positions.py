@@ -1,8 +1,7 @@
 """How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions
-turns it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention`
+turns it into one Positions per kind of layer (RoPE, NoPE) with every table the forward needs; `attention`
 applies one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations
-merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding
-added to the input."""
+merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling."""
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -20,8 +19,8 @@ MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method 
 
 @dataclass(frozen=True)
 class PositionArgs:
-    """How one call (GPT.forward, generate, the scorers) treats positions; eval/methods.py builds one per
-    method. rope_scaling, causal_dynamic and extend act on the RoPE layers only, window on every layer."""
+    """How one forward treats positions. rope_scaling, causal_dynamic and extend act on the RoPE layers only,
+    window on every layer."""
     rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
     causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
     window: int | None = None  # attend to at most the last `window` positions
@@ -31,13 +30,10 @@ class PositionArgs:
     leak: int | None = None  # with extend, leaky ReRoPE's k: past the window distances grow k times slower
     crop: int | None = None  # truncation: the input cut to its last `crop` tokens (cropped) before a forward
 
-    def cropped(self, idx):
-        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else
-        all."""
+    def cropped(self, idx):  # under crop the last `crop` tokens [B, crop], at positions 0 .. crop - 1
         return idx[:, -self.crop:] if self.crop else idx
 
-    def settings(self):
-        """The fields set, for reports: {} for the model as trained."""
+    def settings(self):  # the fields set, for reports: {} for the model as trained
         return {k: v for k, v in asdict(self).items() if v}
 
 
@@ -61,9 +57,7 @@ def visible(T, Tk, window, device, sinks=0):
     return (k <= q) & ((k > q - window + sinks) | (k < sinks)) if window else k <= q
 
 
-def cache_positions(T, Tk, window, device):
-    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window
-    - 1."""
+def cache_positions(T, Tk, window, device):  # each query's position in a StreamingLLM cache of `window` slots
     return torch.arange(Tk - T, Tk, device=device).clamp(max=window - 1)
 
 
@@ -77,9 +71,8 @@ def alibi_slopes(n_head):
 
 
 def alibi_bias(slopes, T, Tk, window, device, sinks=0):
-    """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i (the i-th
-    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i)
-    - j."""
+    """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i sees
+    key j, -inf elsewhere; a sink j is at distance (cache position of i) - j."""
     k = torch.arange(Tk, device=device)
     distance = torch.arange(Tk - T, Tk, device=device)[:, None] - k
     if sinks:
@@ -95,9 +88,9 @@ def logn_scale(n, train_len):
 
 
 def far_positions(T, Tk, window, group, device=None):
-    """(queries [T], keys [Tk]): the T newest of Tk positions for pairs at least W = `window` apart. ReRoPE
-    (group None, Su 2023): at distance W (query at W, key at 0). Self-Extend (Jin et al. 2024): query
-    floor(i/G) + W - floor(W/G), key floor(j/G): grouped distances carry on from W. Clamped into [0, Tk)."""
+    """(queries [T], keys [Tk]) positions for pairs at least W = `window` apart. ReRoPE (group None, Su 2023):
+    at distance W (query at W, key at 0). Self-Extend (Jin et al. 2024): query floor(i/G) + W - floor(W/G),
+    key floor(j/G): grouped distances carry on from W. Clamped into [0, Tk)."""
     q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
@@ -126,8 +119,7 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
 
 # ----------------------------------------------------------------------------- one forward's positions
 
-class Rotation(NamedTuple):
-    """rope.rope_cos_sin's tables for the T queries [T, head_dim] and the Tk keys [Tk, head_dim]."""
+class Rotation(NamedTuple):  # rope.rope_cos_sin's tables for the T queries [T, D] and the Tk keys [Tk, D]
     q_cos: torch.Tensor
     q_sin: torch.Tensor
     k_cos: torch.Tensor
@@ -135,8 +127,7 @@ class Rotation(NamedTuple):
 
 
 class Positions(NamedTuple):
-    """What one kind of layer (RoPE, NoPE) does with positions in one forward; forward_positions builds it,
-    `attention` applies it. Fields a layer's method does not use stay None (or 0)."""
+    """What one kind of layer (RoPE, NoPE) does with positions in a forward; unused fields stay None."""
     mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys a query sees; [H, T, Tk]: ALiBi's
     q_scale: torch.Tensor | None = None  # [T, 1] log-n's logit scale per query
     log_n: torch.Tensor | None = None  # [T, 1] log of the keys a query sees: SSMax's, times its learned s_h
@@ -150,8 +141,7 @@ class Positions(NamedTuple):
     dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t length t + 1's
     dynamic_attention: torch.Tensor | None = None  # and its attention factor per pair [head_dim / 2]
 
-    def scales(self, ssmax):
-        """Each query's logit scales (and head's, SSMax's s_h): before or after the rotation alike."""
+    def scales(self, ssmax):  # each query's logit scales (and head's: SSMax's s_h), before or after rotation
         ssmax = None if ssmax is None else ssmax[:, None, None] * self.log_n
         return [s for s in (self.q_scale, ssmax) if s is not None]
 
@@ -196,25 +186,23 @@ def attention(q, k, v, pos, ssmax=None, dropout=0.0):
                                           is_causal=mask is None and q.size(2) > 1)[..., :width]
 
 
-class Attend(nn.Module):
-    """`attention` as a module, so that a probe can read its inputs with a forward hook."""
-
+class Attend(nn.Module):  # `attention` as a module, so that a probe can read its inputs with a forward hook
     def forward(self, q, k, v, pos, ssmax, dropout):
         return attention(q, k, v, pos, ssmax, dropout)
 
 
 def forward_positions(method, config, start, T, kinds, device, cache):
     """{nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model) over T queries after
-    `start` cached ones: every table a forward needs, built once."""
+    `start` cached ones, built once per forward."""
     tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
     return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
             for nope in kinds}
 
 
 def cached_tables(method, config, n, device, cache):
-    """rope.py's (cos, sin) [n, head_dim] over positions [0, n) (exact causal dynamic: its frequencies),
-    cached per scaling and device (a copy to the GPU per forward stalls it); a longer length's serve unless
-    they follow the length."""
+    """rope.py's (cos, sin) [n, D] over positions [0, n) (exact causal dynamic: its frequencies), cached per
+    scaling and device (a copy to the GPU per forward stalls it); a longer length's serve unless they follow
+    the length."""
     scaling, dynamic = method.rope_scaling, method.causal_dynamic
     follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
     # no json for training's scaling=None: torch.compile cannot trace json.dumps and would split the graph
@@ -233,7 +221,7 @@ def cached_tables(method, config, n, device, cache):
 
 
 def far_rotation(method, config, cos, sin, start, T, device):
-    """The rotation of the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]."""
+    # the rotation of the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]
     (window, group), Tk = method.extend, start + T
     if not method.leak:
         at_q, at_k = far_positions(T, Tk, window, group, device)
@@ -247,9 +235,9 @@ def far_rotation(method, config, cos, sin, start, T, device):
 
 
 def layer_positions(method, tables, start, T, config, device):
-    """The Positions of one kind of layer (tables: cached_tables', None without rotation). A RoPE layer with a
-    rope_window attends within the smaller window, with the method's sinks only if that is the method's (a
-    layer trained local never saw far-off sinks)."""
+    """The Positions of one kind of layer (tables: None without rotation). A RoPE layer with a rope_window
+    attends within the smaller window, with the method's sinks only if that is the method's (a layer trained
+    local never saw far-off sinks)."""
     rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
     if rope and config.rope_window and not (window and window < config.rope_window):

@@ -19,14 +19,12 @@ from rope import scaling_type
 from runtime import load_run
 
 PROTOCOLS = ("windows", "sliding")
-# the held-out documents, or one half of them: dev (even-numbered files), test (odd)
-DOCS = ("all", "dev", "test")
+DOCS = ("all", "dev", "test")  # the held-out documents, or a half: dev (even-numbered files), test (odd)
 DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
 
 
-def checked(parse):
-    """An argparse type from one of our parsers: a bad value is its one-line message."""
+def checked(parse):  # an argparse type from one of our parsers: a bad value is its one-line message
     def convert(text):
         try:
             return parse(text)
@@ -94,18 +92,7 @@ def parse_args(argv):
         p.add_argument(f"--{name}", default=default, type=kind,
                        help=text + ("" if default is None else f" (default {default})"))
     a = p.parse_args(argv)
-    refuse_unused(a)
-    if "windows" not in a.protocols:
-        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows "
-                        "protocol): use --protocols windows,sliding")
-    # as given, so a study can tell how a run was scored
-    return dict(vars(a), **shared_values(a), options=[x for x in argv if x != a.run_dir],
-                dynamic_modes=a.dynamic_modes or ["sequence"], dynamic_factor=a.dynamic_factor or 1.0)
-
-
-def refuse_unused(a):
-    """Options that apply to no method evaluated are refused, not ignored; --plot draws evaluated ones."""
-    names = [m.name for m in a.methods]
+    names = [m.name for m in a.methods]  # options that apply to no method evaluated are refused, not ignored
     for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"),
                            ("dynamic_modes", "dynamic-ntk")):
         if getattr(a, option) is not None and method not in names:
@@ -118,10 +105,15 @@ def refuse_unused(a):
     if a.plot and (absent := [m for m in a.plot if m not in a.methods]):
         raise UserError(f"--plot {', '.join(absent)}: not in --methods {','.join(a.methods)}; --plot draws "
                         "methods evaluated")
+    if "windows" not in a.protocols:
+        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows "
+                        "protocol): use --protocols windows,sliding")
+    # options: as given, so a study can tell how a run was scored
+    return dict(vars(a), **shared_values(a), options=[x for x in argv if x != a.run_dir],
+                dynamic_modes=a.dynamic_modes or ["sequence"], dynamic_factor=a.dynamic_factor or 1.0)
 
 
-def window_positions(n, protocol, eval_len, stride):
-    """[n]: each target's position in its window under the protocol (the same for every method and unit)."""
+def window_positions(n, protocol, eval_len, stride):  # [n]: each target's position in its window
     if protocol == "sliding":
         plan = sliding_windows(n, eval_len, stride)
         return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in plan])
@@ -170,16 +162,14 @@ def run_grid(model, tokens, docs, args, train_len):
     positions = {(p, T): window_positions(units[p, T][0], p, T, args["stride"] or T // 2) for p, T in units}
     summarize_grid(results, scored, positions, train_len, args["bins"], args["helped_threshold"])
     starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
-    # each unit's held-out document (the one holding its first token): a study resamples documents, not
-    # windows
+    # each unit's held-out document (holding its first token): a study resamples documents, not windows
     unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
     return results, starts, unit_docs, crop_stride
 
 
 def extrapolate(args):
     model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
-    # before the computation: a folder that cannot be written fails now
-    claim_output(args["out"], "extrapolation")
+    claim_output(args["out"], "extrapolation")  # a folder that cannot be written fails now, before the work
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
     if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
         from wandb_runs import ready_to_log
@@ -203,8 +193,7 @@ def extrapolate(args):
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name,
                   checkpoint_iter=ckpt["iter_num"], weights_id=weights, options=args["options"],
                   seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
-                  bins=args["bins"],
-                  dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
+                  bins=args["bins"], dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
                   crop_context=[cfg.block_size - crop_stride + 1, cfg.block_size],
                   seconds=round(time.time() - t0, 1),
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,

@@ -1,6 +1,6 @@
-"""The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding
-one: docs/adding_a_method.md): nothing else decides where a method applies, its factor or the PositionArgs it
-builds. Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, attention)."""
+"""The position methods every command shares, one entry each in METHODS_TABLE (adding one:
+docs/adding_a_method.md): where a method applies, its factor and the PositionArgs it builds. Formulas live in
+rope.py (rope_scaling dicts) and positions.py (masks, attention)."""
 import math
 from typing import Callable, NamedTuple
 
@@ -22,8 +22,7 @@ class Entry(NamedTuple):
     # 1: the scale follows the length by itself), "per pair" (a list, no default) or None (it takes none)
     factor: str | None
     positions: Callable  # Inputs -> the fields of its PositionArgs
-    # what a user may set, as name:key=value (yarn:beta_fast=4); unset: the method's rule
-    settings: tuple = ()
+    settings: tuple = ()  # what a user may set, as name:key=value (yarn:beta_fast=4); unset: its rule
     default: bool = True  # in --methods' default list
     shortest: int = 1  # the shortest trained context (block_size) it can score with: its window's, or sinks'
 
@@ -31,8 +30,7 @@ class Entry(NamedTuple):
 class Inputs(NamedTuple):  # what a method's positions may depend on
     factor: float | list | None
     L: int  # the original training length it scales from
-    # the run's own (a fine-tune's block_size): the longest context its weights saw, which crop keeps
-    run_len: int
+    run_len: int  # the run's own block_size (a fine-tune's): the longest context its weights saw, crop's
     length: int  # the length scored
     settings: dict  # as given (name:key=value)
 
@@ -50,14 +48,14 @@ def near(a):  # Self-Extend's and ReRoPE's window of exact distances: half the t
 
 
 def self_extend_group(length, run_len, window):
-    """Self-Extend's group size: the smallest G whose largest grouped distance (length - 1) // G + W - W // G
-    is one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
+    # Self-Extend's group size: the smallest G whose largest grouped distance (length - 1) // G + W - W // G
+    # the model was trained on (< run_len), as Jin et al. choose G for a target length
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
 def leaky_k(length, run_len, window):
-    """Leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, is
-    one the model was trained on (at most run_len - 1)."""
+    # leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, the
+    # model was trained on (at most run_len - 1)
     return max(1, math.ceil((length - 1 - window) / (run_len - 1 - window))) if length > run_len else 1
 
 
@@ -75,11 +73,9 @@ def pairs(a):  # LongRoPE's per-pair factors, the same at every length and no te
 
 
 METHODS_TABLE = {
-    # the model as trained (with its own rope_scaling, if it had one)
     "none": Entry(POS_EMBS, None, lambda a: {}),
     "crop": Entry(POS_EMBS, None, lambda a: {"crop": a.run_len}),  # truncation to the last run_len tokens
-    # sliding-window attention: the last run_len
-    "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),
+    "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),  # sliding window: the last run_len
     # the first SINKS tokens and the last run_len - SINKS
     "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": min(SINKS, a.run_len - 1)},
                    shortest=SINKS + 1),
@@ -87,7 +83,6 @@ METHODS_TABLE = {
     "ntk": Entry(ROPE, "ratio", scaling("ntk")),
     "dynamic-ntk": Entry(ROPE, "multiplier", lambda a: scaling("dynamic", **{ORIGINAL: a.L})(a)),
     "yarn": Entry(ROPE, "ratio", yarn, BETAS),
-    # YaRN, no temperature
     "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0), BETAS),
     "llama3": Entry(ROPE, "ratio", lambda a: scaling("llama3", **{ORIGINAL: a.L}, low_freq_factor=1.0,
                                                      high_freq_factor=4.0)(a)),
@@ -102,21 +97,19 @@ METHODS_TABLE = {
     "pairs": Entry(ROPE, "per pair", pairs, default=False),  # scale only the pairs you choose
 }
 METHODS = tuple(METHODS_TABLE)
-# the default list (pairs needs --pair_factors)
 FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.default)
 MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
 
 
 class MethodSpec(str):
-    """A method as given ('yarn:beta_fast=4'), parsed and checked once where it comes in (method_spec): its
-    name, its settings ({'beta_fast': 4.0}) and its METHODS_TABLE entry. A str, so reports keep the text."""
+    """A method as given ('yarn:beta_fast=4'), parsed once where it comes in: its name, its settings
+    ({'beta_fast': 4.0}) and its METHODS_TABLE entry. A str, so reports keep the text."""
     name: str
     settings: dict
     entry: Entry
 
 
-def method_spec(text):
-    """The MethodSpec of a name with its settings, each known, once, in range (a MethodSpec passes as is)."""
+def method_spec(text):  # a MethodSpec passes as is
     if isinstance(text, MethodSpec):
         return text
     name, *pairs = text.split(":")
@@ -143,8 +136,7 @@ def method_spec(text):
     return spec
 
 
-def parse_methods(text):
-    """--methods as given: MethodSpecs, repeats dropped."""
+def parse_methods(text):  # repeats dropped
     specs = [t.strip() for t in text.split(",") if t.strip()]
     if not specs:
         raise UserError("--methods is empty")
@@ -152,12 +144,10 @@ def parse_methods(text):
 
 
 def applicable(methods, pos_emb):
-    """The methods that apply to an encoding, in the order given."""
     return [m for m in methods if pos_emb in method_spec(m).entry.encodings]
 
 
-def usable(names, pos_emb):
-    """The methods of `names` that apply to the encoding, saying which do not; none left: a one-line error."""
+def usable(names, pos_emb):  # those that apply, saying which do not; none left: a one-line error
     applying = applicable(names, pos_emb)
     if dropped := [m for m in names if m not in applying]:
         note = f"pos_emb={pos_emb}: {', '.join(dropped)} do not apply"
@@ -168,8 +158,7 @@ def usable(names, pos_emb):
 
 
 def method_factor(method, length, train_len, factor=None):
-    """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else
-    the one pinned (`factor`), or its default."""
+    # Entry.factor's at `length` tokens: None where it takes none, else the one pinned or its default
     kind = method_spec(method).entry.factor
     if kind == "ratio":
         return factor or max(1.0, length / train_len)
@@ -178,9 +167,8 @@ def method_factor(method, length, train_len, factor=None):
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The PositionArgs of a method over `length` tokens. train_len: the length the methods scale from
-    (GPTConfig.train_len); run_len: the run's own block_size, which crop keeps; factor: pinned instead of
-    method_factor's default; causal: dynamic scaling exact per position."""
+    """The PositionArgs of a method over `length` tokens. train_len: the length methods scale from; run_len:
+    the run's own block_size, which crop keeps; causal: dynamic scaling exact per position."""
     spec = method_spec(method)
     inputs = Inputs(method_factor(spec, length, train_len, factor), train_len, run_len, length, spec.settings)
     return PositionArgs(causal_dynamic=causal, **spec.entry.positions(inputs))
@@ -189,14 +177,12 @@ def forward_args(method, length, train_len, run_len, factor=None, causal=False):
 PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")
 
 
-def parse_pairs(text):
-    """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept."""
+def parse_pairs(text):  # repeats kept
     if text is not None:
         return [parse_number(t, "pair_factors", float, 1, MAX_FACTOR) for t in text.split(",")]
 
 
 def check_pairs(factors, config):
-    """--pair_factors for the method pairs: one factor >= 1 per rotating frequency pair, fastest first."""
     n = config.rotary_dim // 2
     if factors is None:
         raise UserError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, "
@@ -207,7 +193,7 @@ def check_pairs(factors, config):
 
 
 def unavailable(config, method, length):
-    """Why a method cannot score `length` tokens on a model, or None: an explicit check, no caught error."""
+    # why a method cannot score `length` tokens on a model, or None: an explicit check, no caught error
     spec, pos_emb = method_spec(method), config.pos_emb
     if not applicable([spec], pos_emb):
         what = "masks relative positions" if spec.name in MASKS else "rescales RoPE"
@@ -225,8 +211,8 @@ def unavailable(config, method, length):
 
 
 def reasons(config, cells):
-    """unavailable for each (method, tokens) cell a command would score; if no cell can be scored, a one-line
-    error before anything is computed or written (every command decides "nothing to evaluate" here)."""
+    """unavailable for each (method, tokens) cell a command would score; none scorable: a one-line error
+    before anything is computed (every command decides "nothing to evaluate" here)."""
     why = [unavailable(config, method, n) for method, n in cells]
     if cells and all(why):
         raise UserError(f"nothing to evaluate: {cells[0][0]} at {cells[0][1]} tokens: {why[0]}")
