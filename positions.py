@@ -40,8 +40,6 @@ class PositionArgs:
 AS_TRAINED = PositionArgs()
 
 
-# ----------------------------------------------------------------------------- encodings, masks and biases
-
 def sinusoidal_embedding(positions, dim):
     # PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))
     inv_freq = torch.exp(torch.arange(0, dim, 2, device=positions.device) * (-math.log(10000.0) / dim))
@@ -50,8 +48,8 @@ def sinusoidal_embedding(positions, dim):
 
 
 def visible(T, Tk, window, device, sinks=0):
-    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within
-    `window`, which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
+    # [T, Tk]: may query i (of the T newest of Tk positions) see key j: causal, within `window`, which keeps
+    # the first `sinks` positions and the last window - sinks (StreamingLLM)
     q = torch.arange(Tk - T, Tk, device=device)[:, None]
     k = torch.arange(Tk, device=device)
     return (k <= q) & ((k > q - window + sinks) | (k < sinks)) if window else k <= q
@@ -62,8 +60,8 @@ def cache_positions(T, Tk, window, device):  # each query's position in a Stream
 
 
 def alibi_slopes(n_head):
-    """ALiBi's per-head slopes (Press et al. 2022): for n a power of two 2^(-8/n), 2^(-16/n), ..., 2^(-8);
-    else those of the power of two p below n, then every other slope of 2p for the rest (authors' code)."""
+    # ALiBi (Press et al. 2022): for n a power of two 2^(-8/n), 2^(-16/n), ..., 2^(-8); else those of the
+    # power of two p below n, then every other slope of 2p for the rest (authors' code)
     def geometric(n):
         return [2 ** (-8 * (i + 1) / n) for i in range(n)]
     p = 2 ** math.floor(math.log2(n_head))
@@ -71,8 +69,8 @@ def alibi_slopes(n_head):
 
 
 def alibi_bias(slopes, T, Tk, window, device, sinks=0):
-    """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i sees
-    key j, -inf elsewhere; a sink j is at distance (cache position of i) - j."""
+    # [H, T, Tk] added to the logits: -slope_h * (i - j) where query i sees key j, else -inf; a sink j is at
+    # distance (cache position of i) - j
     k = torch.arange(Tk, device=device)
     distance = torch.arange(Tk - T, Tk, device=device)[:, None] - k
     if sinks:
@@ -81,27 +79,19 @@ def alibi_bias(slopes, T, Tk, window, device, sinks=0):
     return bias.masked_fill(~visible(T, Tk, window, device, sinks), float("-inf"))
 
 
-def logn_scale(n, train_len):
-    # log-n scaling (Su 2023): a query that sees n > L tokens gets its logits scaled by log(n) / log(L),
-    # exactly 1 up to L, so attention entropy stays near what training saw
-    return (n.double().log() / math.log(train_len)).clamp(min=1).float()
-
-
 def far_positions(T, Tk, window, group, device=None):
-    """(queries [T], keys [Tk]) positions for pairs at least W = `window` apart. ReRoPE (group None, Su 2023):
-    at distance W (query at W, key at 0). Self-Extend (Jin et al. 2024): query floor(i/G) + W - floor(W/G),
-    key floor(j/G): grouped distances carry on from W. Clamped into [0, Tk)."""
+    # (queries [T], keys [Tk]) positions for pairs >= W = window apart, clamped below Tk. ReRoPE (group None,
+    # Su 2023): query at W, key at 0. Self-Extend (Jin et al. 2024): query i // G + W - W // G, key j // G
+    # (grouped distances carry on from W)
     q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
     return (q // group + window - window // group).clamp(max=Tk - 1), k // group
 
 
-# ----------------------------------------------------------------------------- attention
-
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    """Attention with logit q_near . k_near where i - j < window, q_far . k_far beyond; mask: bool [T, Tk]
-    (None: causal). Chunks of queries keep the two logit matrices to ~16 MB."""
+    # logit q_near . k_near where i - j < window, q_far . k_far beyond; chunks of queries keep the two logit
+    # matrices to ~16 MB
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
     j = torch.arange(Tk, device=v.device)
@@ -116,8 +106,6 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
         out.append(att.masked_fill(~seen, float("-inf")).softmax(dim=-1).to(v.dtype) @ v)
     return torch.cat(out, dim=2)
 
-
-# ----------------------------------------------------------------------------- one forward's positions
 
 class Rotation(NamedTuple):  # rope.rope_cos_sin's tables for the T queries [T, D] and the Tk keys [Tk, D]
     q_cos: torch.Tensor
@@ -160,8 +148,8 @@ def scaled(q, scales):
 
 
 def attention(q, k, v, pos, ssmax=None, dropout=0.0):
-    """softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k and v [B, H, Tk, D] (the queries the
-    last T of Tk positions), rotated, scaled and masked as `pos` says; ssmax: SSMax's s_h [H] or None."""
+    # softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k, v [B, H, Tk, D], rotated, scaled and
+    # masked as `pos` says; ssmax: SSMax's s_h [H] or None
     scales = pos.scales(ssmax)
     if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself (opt-in, so apart)
         from causal_dynamic import causal_dynamic_attention
@@ -192,17 +180,15 @@ class Attend(nn.Module):  # `attention` as a module, so that a probe can read it
 
 
 def forward_positions(method, config, start, T, kinds, device, cache):
-    """{nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model) over T queries after
-    `start` cached ones, built once per forward."""
+    # {nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model), once per forward
     tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
     return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
             for nope in kinds}
 
 
 def cached_tables(method, config, n, device, cache):
-    """rope.py's (cos, sin) [n, D] over positions [0, n) (exact causal dynamic: its frequencies), cached per
-    scaling and device (a copy to the GPU per forward stalls it); a longer length's serve unless they follow
-    the length."""
+    # rope.py's (cos, sin) [n, D] (exact causal dynamic: its frequencies), cached per scaling and device (a
+    # copy to the GPU per forward stalls it); a longer length's serve unless they follow the length
     scaling, dynamic = method.rope_scaling, method.causal_dynamic
     follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
     # no json for training's scaling=None: torch.compile cannot trace json.dumps and would split the graph
@@ -235,24 +221,23 @@ def far_rotation(method, config, cos, sin, start, T, device):
 
 
 def layer_positions(method, tables, start, T, config, device):
-    """The Positions of one kind of layer (tables: None without rotation). A RoPE layer with a rope_window
-    attends within the smaller window, with the method's sinks only if that is the method's (a layer trained
-    local never saw far-off sinks)."""
+    # a RoPE layer with a rope_window attends within the smaller window, with the method's sinks only if
+    # that window is the method's (a layer trained local never saw far-off sinks)
     rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
     if rope and config.rope_window and not (window and window < config.rope_window):
         window, sinks = config.rope_window, 0
     seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees: causal, within the window
     seen = seen.clamp(max=window) if window else seen
-    dynamic = rope and method.causal_dynamic
+    dynamic, mask, logn = rope and method.causal_dynamic, None, None  # mask None: SDPA's causal flag
     if config.pos_emb == "alibi":
         mask = alibi_bias(alibi_slopes(config.n_head), T, Tk, window, device, sinks)
     elif dynamic or (window and window < Tk) or T not in (1, Tk):
         mask = visible(T, Tk, window, device, sinks)
-    else:  # SDPA's causal flag does it
-        mask = None
-    base = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
-                       seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
+    if method.logn_len:  # log-n scaling (Su 2023): a query seeing n > L keys has its logits scaled by
+        # log(n) / log(L), 1 up to L, so that attention entropy stays near training's
+        logn = (seen.double().log() / math.log(method.logn_len)).clamp(min=1).float()[:, None]
+    base = Positions(mask, logn, seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
     if not rope:
         return base
     if dynamic:
