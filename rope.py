@@ -1,8 +1,7 @@
 """Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
 Scaling is a Hugging Face style dict (`rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type": "yarn",
-"factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics. "partial_rotary_factor"
-p rotates the rotary dim d' = int(p * d) at base^(-2i/d'), the other pairs at frequency 0. The attention
-factor multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen et al. 2023),
+"factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics. The attention factor
+multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen et al. 2023),
 NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE
 (Barbero et al. 2024), Gemma 4's proportional."""
 import math
@@ -25,8 +24,7 @@ def factor_of(scaling):
     return float(scaling.get("factor", 1.0))
 
 
-# ----------------------------------------------------------------------------- one function per rope type
-# (dim, base, scaling, seq_len) -> (inv_freq [dim // 2], attention factor), as transformers' rope utilities
+# one function per rope type: (dim, base, scaling, seq_len) -> (inv_freq [dim // 2], attention factor)
 
 def unscaled(dim, base, scaling, seq_len):
     return default_inv_freq(dim, base), 1.0
@@ -70,9 +68,8 @@ def yarn_inv_freq(dim, base, factor, original_len, beta_fast=32.0, beta_slow=1.0
 
 
 def yarn_attention_factor(factor, mscale=None, mscale_all_dim=None):
-    # YaRN's sqrt(1/t) = 0.1 m ln(s) + 1 (m = 1 in the paper). As transformers: both m's given
-    # (DeepSeek-V2/V3), their ratio (1 when equal: DeepSeek scales its softmax by the denominator^2 itself);
-    # one alone is ignored
+    # YaRN's sqrt(1/t) = 0.1 m ln(s) + 1 (paper: m = 1). As transformers: both m's given (DeepSeek-V2/3),
+    # their ratio (1 when equal: DeepSeek scales its softmax by the denominator^2 itself); one alone ignored
     def temperature(m):
         return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
     return temperature(mscale) / temperature(mscale_all_dim) if mscale and mscale_all_dim else temperature(1)
@@ -87,9 +84,8 @@ def yarn(dim, base, scaling, seq_len):
 
 
 def longrope(dim, base, scaling, seq_len):
-    # LongRoPE (Phi-3): a searched interpolation factor per pair, the short set up to the original length, the
-    # long set past it (transformers switches on the forward's length, as `dynamic` does). Temperature
-    # sqrt(1 + ln s / ln L), s: "factor"; an explicit attention_factor wins
+    # LongRoPE (Phi-3): a searched factor per pair, the short set up to the original length, the long past it
+    # (on the forward's length, as transformers). Temperature sqrt(1 + ln s / ln L) unless attention_factor
     s, original_len = factor_of(scaling), scaling[ORIGINAL]
     factors = scaling["long_factor"] if seq_len and seq_len > original_len else scaling["short_factor"]
     temperature = math.sqrt(1 + math.log(s) / math.log(original_len)) if s > 1 else 1.0
@@ -98,9 +94,8 @@ def longrope(dim, base, scaling, seq_len):
 
 
 def llama3(dim, base, scaling, seq_len):
-    # Llama 3.1, numerics as transformers' _compute_llama3_parameters: wavelengths longer than
-    # L / low_freq_factor are interpolated (PI), shorter than L / high_freq_factor kept, and in between
-    # a blend linear in the rotation count L / wavelen (continuous at both ends)
+    # Llama 3.1 (as transformers): wavelengths longer than L / low_freq_factor are interpolated (PI), shorter
+    # than L / high_freq_factor kept, in between a blend linear in L / wavelen (continuous at both ends)
     factor, original_len, get = factor_of(scaling), scaling[ORIGINAL], scaling.get
     low_freq_factor, high_freq_factor = get("low_freq_factor", 1.0), get("high_freq_factor", 4.0)
     inv_freq = default_inv_freq(dim, base)
@@ -140,9 +135,8 @@ def scaling_type(scaling):  # transformers' older configs name the key "type"
 
 
 def complete_scaling(scaling, trained, block_size):
-    # the dict a forward uses: `scaling` (None: the trained one) with, unless set, its original length
-    # block_size (as transformers) and the trained dict's rope_theta and partial_rotary_factor (v5 keeps the
-    # model's in the dict)
+    # `scaling` (None: the trained one) with, unless set, its original length block_size (as transformers) and
+    # the trained dict's rope_theta and partial_rotary_factor (v5 keeps the model's in the dict)
     own = {k: trained[k] for k in ("rope_theta", "partial_rotary_factor") if k in (trained or {})}
     scaling = scaling or trained
     return None if scaling is None else {ORIGINAL: block_size, **own, **scaling}
@@ -159,7 +153,7 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, 
     slowdown: every frequency divided by it, in float64 as the scaling methods divide."""
     scaling = scaling or {}
     kind = ROPE_TYPES[scaling_type(scaling)]
-    # transformers' rotary dim d' = int(head_dim * partial_rotary_factor): every formula runs over it
+    # transformers' rotary dim d' = int(head_dim * partial_rotary_factor) rotates at base^(-2i/d')
     rotary = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
     base = scaling.get("rope_theta") or base
     inv_freq, attention_factor = kind.init(head_dim if kind.whole_head else rotary, base, scaling, seq_len)
@@ -172,7 +166,7 @@ def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, 
 
 
 def frequencies(config, scaling=None, seq_len=None, slowdown=1):
-    # rope_frequencies of a GPTConfig under a method's scaling (None: the trained one), completed here, once
+    # a GPTConfig's, under a method's scaling (None: the trained one), completed here, once
     full = complete_scaling(scaling, config.rope_scaling, config.block_size)
     return rope_frequencies(config.head_dim, config.rope_base, full, seq_len, config.rope_fraction, slowdown)
 
@@ -184,8 +178,8 @@ def rope_tables(config, scaling, seq_len, positions, slowdown=1):
 
 
 def pair_attention(config, attention_factor):
-    # [head_dim // 2]: transformers scales only the rotary dims' cos and sin, so partial_rotary_factor's other
-    # pairs keep 1 (p-RoPE's unrotated pairs keep the factor: it is the whole logit's)
+    # transformers scales only the rotary dims' cos and sin: partial_rotary_factor's other pairs keep 1
+    # (p-RoPE's unrotated pairs keep the factor: it is the whole logit's)
     rotary = config.rotary_dim // 2
     return torch.tensor([attention_factor] * rotary + [1.0] * (config.head_dim // 2 - rotary))
 
