@@ -9,17 +9,15 @@ from model import POS_EMBS
 from positions import SINKS, PositionArgs
 from rope import ORIGINAL, YARN_BETAS
 
-# RELATIVE: positions enter attention only: a mask moves them
-ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")
+ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only
 BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
-# settings that count tokens (or a group size, a slowdown): the rest are numbers
-INTEGER = ("window", "group", "k")
+INTEGER = ("window", "group", "k")  # settings that count tokens (or a group, a slowdown); others are numbers
 
 
 class Entry(NamedTuple):
     encodings: tuple  # the pos_emb values it applies to
-    # its factor: "ratio" (default length / L, never below 1), "multiplier" (transformers' dynamic a, default
-    # 1: the scale follows the length by itself), "per pair" (a list, no default) or None (it takes none)
+    # "ratio" (default length / L, never below 1), "multiplier" (transformers' dynamic a, default 1: the scale
+    # follows the length by itself), "per pair" (a list, no default) or None
     factor: str | None
     positions: Callable  # Inputs -> the fields of its PositionArgs
     settings: tuple = ()  # what a user may set, as name:key=value (yarn:beta_fast=4); unset: its rule
@@ -39,8 +37,8 @@ def yarn(a, **keys):
     return {"rope_scaling": {"rope_type": "yarn", "factor": a.factor, ORIGINAL: a.L, **a.settings, **keys}}
 
 
-def scaling(rope_type, **keys):
-    return lambda a: {"rope_scaling": {"rope_type": rope_type, "factor": a.factor, **keys}}
+def scaling(a, rope_type, **keys):
+    return {"rope_scaling": {"rope_type": rope_type, "factor": a.factor, **keys}}
 
 
 def near(a):  # Self-Extend's and ReRoPE's window of exact distances: half the trained context unless set
@@ -76,22 +74,21 @@ METHODS_TABLE = {
     "none": Entry(POS_EMBS, None, lambda a: {}),
     "crop": Entry(POS_EMBS, None, lambda a: {"crop": a.run_len}),  # truncation to the last run_len tokens
     "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),  # sliding window: the last run_len
-    # the first SINKS tokens and the last run_len - SINKS
     "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": min(SINKS, a.run_len - 1)},
                    shortest=SINKS + 1),
-    "pi": Entry(ROPE, "ratio", scaling("linear")),
-    "ntk": Entry(ROPE, "ratio", scaling("ntk")),
-    "dynamic-ntk": Entry(ROPE, "multiplier", lambda a: scaling("dynamic", **{ORIGINAL: a.L})(a)),
+    "pi": Entry(ROPE, "ratio", lambda a: scaling(a, "linear")),
+    "ntk": Entry(ROPE, "ratio", lambda a: scaling(a, "ntk")),
+    "dynamic-ntk": Entry(ROPE, "multiplier", lambda a: scaling(a, "dynamic", **{ORIGINAL: a.L})),
     "yarn": Entry(ROPE, "ratio", yarn, BETAS),
     "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0), BETAS),
-    "llama3": Entry(ROPE, "ratio", lambda a: scaling("llama3", **{ORIGINAL: a.L}, low_freq_factor=1.0,
-                                                     high_freq_factor=4.0)(a)),
+    "llama3": Entry(ROPE, "ratio", lambda a: scaling(a, "llama3", **{ORIGINAL: a.L}, low_freq_factor=1.0,
+                                                     high_freq_factor=4.0)),
     "logn": Entry(POS_EMBS, None, lambda a: {"logn_len": a.L}),
-    "ntk+logn": Entry(ROPE, "ratio", lambda a: {**scaling("ntk")(a), "logn_len": a.L}),
+    "ntk+logn": Entry(ROPE, "ratio", lambda a: {**scaling(a, "ntk"), "logn_len": a.L}),
     # exact distances below half the trained context, beyond it grouped (Self-Extend) or all at that half
     "self-extend": Entry(ROPE, None, self_extend, ("window", "group"), shortest=2),
     "rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None)}, ("window",), shortest=2),
-    # truncation to the last train_len tokens: a fine-tune's own positive control (crop, before a fine-tune)
+    # truncation to the last train_len tokens: a fine-tune's own positive control
     "crop-L": Entry(POS_EMBS, None, lambda a: {"crop": a.L}, default=False),
     "leaky-rerope": Entry(ROPE, None, leaky_rerope, ("window", "k"), default=False, shortest=3),
     "pairs": Entry(ROPE, "per pair", pairs, default=False),  # scale only the pairs you choose
@@ -162,7 +159,6 @@ def method_factor(method, length, train_len, factor=None):
     kind = method_spec(method).entry.factor
     if kind == "ratio":
         return factor or max(1.0, length / train_len)
-    # per pair: a list, checked by check_pairs
     return {"multiplier": factor or 1.0, "per pair": factor}.get(kind)
 
 
