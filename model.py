@@ -151,8 +151,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
-        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last
-        positions only. cache: sample.py's KVCache, continued in place. method: a PositionArgs."""
+        # idx [B, T] -> logits [B, T or last, vocab] (and the mean loss given targets); cache: sample.py's
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)

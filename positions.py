@@ -1,7 +1,6 @@
-"""How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions
-turns it into one Positions per kind of layer (RoPE, NoPE) with every table the forward needs; `attention`
-applies one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations
-merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling."""
+"""How positions enter attention: forward_positions turns a PositionArgs into one Positions per kind of
+layer, which `attention` applies: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near
+and far rotations merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling."""
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -14,7 +13,7 @@ from torch.nn import functional as F
 from rope import ROPE_TYPES, apply_rope, rope_tables, scaling_type
 
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
-MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score (sinks')
+MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class PositionArgs:
     logn_len: int | None = None  # log-n attention scaling past this length
     extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions (ReRoPE: no group)
     leak: int | None = None  # with extend, leaky ReRoPE's k: past the window distances grow k times slower
-    crop: int | None = None  # truncation: the input cut to its last `crop` tokens (cropped) before a forward
+    crop: int | None = None  # truncation: the input cut to its last `crop` tokens before a forward
 
     def cropped(self, idx):  # under crop the last `crop` tokens [B, crop], at positions 0 .. crop - 1
         return idx[:, -self.crop:] if self.crop else idx
@@ -107,7 +106,7 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     return torch.cat(out, dim=2)
 
 
-class Rotation(NamedTuple):  # rope.rope_cos_sin's tables for the T queries [T, D] and the Tk keys [Tk, D]
+class Rotation(NamedTuple):  # rope_cos_sin's tables: queries [T, D], keys [Tk, D]
     q_cos: torch.Tensor
     q_sin: torch.Tensor
     k_cos: torch.Tensor
@@ -151,11 +150,11 @@ def attention(q, k, v, pos, ssmax=None, dropout=0.0):
     # softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k, v [B, H, Tk, D], rotated, scaled and
     # masked as `pos` says; ssmax: SSMax's s_h [H] or None
     scales = pos.scales(ssmax)
-    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself (opt-in, so apart)
+    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
         from causal_dynamic import causal_dynamic_attention
         freq, attention_factor = pos.dynamic_freq, pos.dynamic_attention
         return causal_dynamic_attention(scaled(q, scales), k, v, freq, attention_factor, pos.mask, pos.layout)
-    if pos.far is not None:  # the same q and k rotated at their own positions near, at the far pairs' beyond
+    if pos.far is not None:  # q and k rotated at their own positions near, at the far positions beyond
         q_far, k_far = rotated(q, k, pos.far, pos.layout)
         q, k = rotated(q, k, pos.rotation, pos.layout)
         q, q_far = scaled(q, scales), scaled(q_far, scales)
@@ -207,7 +206,7 @@ def cached_tables(method, config, n, device, cache):
 
 
 def far_rotation(method, config, cos, sin, start, T, device):
-    # the rotation of the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]
+    # for the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]
     (window, group), Tk = method.extend, start + T
     if not method.leak:
         at_q, at_k = far_positions(T, Tk, window, group, device)

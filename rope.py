@@ -1,7 +1,6 @@
 """Rotary position embeddings (RoPE): frequencies, the scaling methods, cos/sin tables and the rotation.
-Scaling is a Hugging Face style dict (`rope_scaling`, or v5's `rope_parameters`), e.g. {"rope_type": "yarn",
-"factor": 8.0, "original_max_position_embeddings": 256}, with transformers' numerics. The attention factor
-multiplies cos and sin of the rotary dims, so logits get its square. References: PI (Chen et al. 2023),
+Scaling is a Hugging Face style dict (`rope_scaling`), e.g. {"rope_type": "yarn", "factor": 8.0,
+"original_max_position_embeddings": 256}, with transformers' numerics. References: PI (Chen et al. 2023),
 NTK-aware (bloc97 2023), YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), Llama 3.1 (Meta 2024), p-RoPE
 (Barbero et al. 2024), Gemma 4's proportional."""
 import math
@@ -185,9 +184,9 @@ def pair_attention(config, attention_factor):
 
 
 def rope_cos_sin(inv_freq, positions, attention_factor=1.0, layout="half"):
-    """float32 tables [..., len(positions), head_dim] for apply_rope, times the attention factor: each
-    channel's pair angle's cosine, and its sine signed -/+ on the pair's first/second channel. inv_freq may
-    carry leading dims (a frequency set per query: exact causal dynamic NTK)."""
+    """float32 tables [..., len(positions), head_dim] for apply_rope, times the attention factor (logits get
+    its square): each pair angle's cosine, and its sine signed -/+ on its first/second channel. inv_freq
+    may carry leading dims (a frequency set per query: exact causal dynamic NTK)."""
     angles = positions.float()[:, None] * inv_freq.unsqueeze(-2).float()
     cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
     if layout == "half":

@@ -118,8 +118,116 @@ def evaluate_and_save(t, iter_num, lr, best_val_loss, saved):
     return best_val_loss, iter_num
 
 
+def train_in(out_dir, config, rank, world, device, ddp):
+    master = rank == 0
+    device_type = device.split(":")[0]
+    dtype, ctx = autocast(config["dtype"], device_type)
+    torch.manual_seed(config["seed"] + rank)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    meta, splits = training_data(config, master, ddp)
+    rng = np.random.default_rng(config["seed"] + rank)
+    iter_num, best_val_loss, log = 0, float("inf"), []
+    ckpt, origin = ((None, None) if config["init_from"] == "scratch"
+                    else start_checkpoint(config, meta, device))
+    if config["init_from"] == "resume":
+        iter_num, best_val_loss, log = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log"]
+        if master:
+            rng.bit_generator.state = ckpt["rng"]["numpy"]
+            torch.set_rng_state(ckpt["rng"]["torch"].cpu())
+            write_log(out_dir, log)  # evaluations after the checkpoint were of weights it does not hold
+        else:  # other processes: a fresh stream, not a replay of what they drew before
+            rng = np.random.default_rng([config["seed"], rank, iter_num])
+        print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
+    elif ckpt is not None:
+        drope = ckpt["model_args"]["pos_emb"] != config["pos_emb"]
+        print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at "
+              f"{origin['train_len']}): weights loaded, a fresh optimizer, block_size "
+              f"{config['block_size']}, rope_scaling {config['rope_scaling']}"
+              + drope * ", pos_emb rope -> none (DroPE: the rotation dropped)")
+
+    gptconf = model_config(config, meta["vocab_size"], origin and origin["train_len"])
+    model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
+    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
+                                           (config["beta1"], config["beta2"]), device_type)
+    if config["init_from"] == "resume":  # a fine-tune starts a fresh optimizer
+        optimizer.load_state_dict(ckpt["optimizer"])
+    ckpt = None  # free memory
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    raw_model, model = model, torch.compile(model) if config["compile"] else model
+    if ddp:
+        model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
+
+    gas = config["gradient_accumulation_steps"]
+    copy_vocab = None  # the ids the retrieval rows draw from, where the config mixes them in
+    if config["retrieval_mix"]:
+        from data.synthetic import mix_retrieval, random_vocab
+        copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])
+    tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
+    peak = peak_flops(device_type)
+    if master:
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab "
+              f"{meta['vocab_size']}, {tokens_per_iter:,} tokens/iter, device {device}, {dtype}, "
+              f"{world} process(es)")
+    wandb_run = None
+    if master and config["wandb_log"]:
+        from wandb_runs import open_run  # offline when no server answers
+        wandb_run = open_run(config, out_dir, new=config["init_from"] != "resume")
+    training = Training(config=config, model=raw_model, optimizer=optimizer, meta=meta, splits=splits,
+                        copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx,
+                        device=device, wandb=wandb_run, master=master, ddp=ddp)
+
+    # ------------------------------------------------------------------------------------------ the loop
+    t0, timed_from = time.time(), iter_num
+    saved = iter_num if config["init_from"] == "resume" else None  # the checkpoint a resume starts from
+    try:
+        while True:
+            lr = lr_at(iter_num, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if (iter_num % config["eval_interval"] == 0
+                    or iter_num in (config["max_iters"], *config["keep_iters"])):
+                best_val_loss, saved = evaluate_and_save(training, iter_num, lr, best_val_loss, saved)
+                t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
+            if iter_num >= config["max_iters"]:
+                break
+            for micro in range(gas):
+                if ddp:  # all-reduce gradients on the last micro step only
+                    model.require_backward_grad_sync = micro == gas - 1
+                rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
+                if config["retrieval_mix"]:
+                    mix_retrieval(rows, rng, config, copy_vocab)
+                x, y = inputs_targets(rows, device)
+                with ctx:
+                    _, loss = model(x, y)
+                    loss = loss / gas
+                scaler.scale(loss).backward()
+            if config["grad_clip"]:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+            if iter_num % config["log_interval"] == 0 and master:
+                if device_type == "cuda":
+                    torch.cuda.synchronize()
+                tok_s, flops, mfu = throughput(tokens_per_iter * (iter_num - timed_from), time.time() - t0,
+                                               raw_model.flops_per_token(config["block_size"]), peak, world)
+                t0, timed_from = time.time(), iter_num
+                print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
+                      f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * mfu:.1f}%" if peak else ""))
+                if wandb_run:
+                    wandb_run.log({"iter": iter_num, "train/step_loss": loss.item() * gas,
+                                   "tokens_per_s": tok_s})
+    except KeyboardInterrupt:  # for run_cli's one line: where it stopped and how to go on
+        raise KeyboardInterrupt(f"at iter {iter_num}; resume with --init_from=resume" + (
+            "" if saved is None else f" (from its checkpoint at iter {saved})")) from None
+    if wandb_run:
+        wandb_run.finish()
+
+
 def train(config):
-    # -------------------------------------------------------------- set-up: processes, data, model, optimizer
     ddp = int(os.environ.get("RANK", -1)) != -1
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     device = pick_device(config["device"])
@@ -128,117 +236,10 @@ def train(config):
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(device)
         init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    master = rank == 0
-    with open_out_dir(config) if master else nullcontext(Path(config["out_dir"])) as out_dir:
-        device_type = device.split(":")[0]
-        dtype, ctx = autocast(config["dtype"], device_type)
-        torch.manual_seed(config["seed"] + rank)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-
-        meta, splits = training_data(config, master, ddp)
-        rng = np.random.default_rng(config["seed"] + rank)
-        iter_num, best_val_loss, log = 0, float("inf"), []
-        ckpt, origin = ((None, None) if config["init_from"] == "scratch"
-                        else start_checkpoint(config, meta, device))
-        if config["init_from"] == "resume":
-            iter_num, best_val_loss, log = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["log"]
-            if master:
-                rng.bit_generator.state = ckpt["rng"]["numpy"]
-                torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-                write_log(out_dir, log)  # evaluations after the checkpoint were of weights it does not hold
-            else:  # other processes: a fresh stream, not a replay of what they drew before
-                rng = np.random.default_rng([config["seed"], rank, iter_num])
-            print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
-        elif ckpt is not None:
-            drope = ckpt["model_args"]["pos_emb"] != config["pos_emb"]
-            print(f"fine-tuning from {config['init_from']} (iter {origin['iter_num']}, trained at "
-                  f"{origin['train_len']}): weights loaded, a fresh optimizer, block_size "
-                  f"{config['block_size']}, rope_scaling {config['rope_scaling']}"
-                  + drope * ", pos_emb rope -> none (DroPE: the rotation dropped)")
-
-        gptconf = model_config(config, meta["vocab_size"], origin and origin["train_len"])
-        model = (GPT(gptconf) if ckpt is None else model_from_checkpoint(ckpt, gptconf)).to(device)
-        optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                               (config["beta1"], config["beta2"]), device_type)
-        if config["init_from"] == "resume":  # a fine-tune starts a fresh optimizer
-            optimizer.load_state_dict(ckpt["optimizer"])
-        ckpt = None  # free memory
-        scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-        raw_model, model = model, torch.compile(model) if config["compile"] else model
-        if ddp:
-            model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
-
-        gas = config["gradient_accumulation_steps"]
-        copy_vocab = None  # the ids the retrieval rows draw from, where the config mixes them in
-        if config["retrieval_mix"]:
-            from data.synthetic import mix_retrieval, random_vocab
-            copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])
-        tokens_per_iter = gas * world * config["batch_size"] * config["block_size"]
-        peak = peak_flops(device_type)
-        if master:
-            print(f"{raw_model.num_params() / 1e6:.2f}M parameters, pos_emb={config['pos_emb']}, vocab "
-                  f"{meta['vocab_size']}, {tokens_per_iter:,} tokens/iter, device {device}, {dtype}, "
-                  f"{world} process(es)")
-        wandb_run = None
-        if master and config["wandb_log"]:
-            from wandb_runs import open_run  # offline when no server answers
-            wandb_run = open_run(config, out_dir, new=config["init_from"] != "resume")
-        training = Training(config=config, model=raw_model, optimizer=optimizer, meta=meta, splits=splits,
-                            copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx,
-                            device=device, wandb=wandb_run, master=master, ddp=ddp)
-
-        # ------------------------------------------------------------------ the loop
-        t0, timed_from = time.time(), iter_num
-        saved = iter_num if config["init_from"] == "resume" else None  # the checkpoint a resume starts from
-        try:
-            while True:
-                lr = lr_at(iter_num, config)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                if (iter_num % config["eval_interval"] == 0
-                        or iter_num in (config["max_iters"], *config["keep_iters"])):
-                    best_val_loss, saved = evaluate_and_save(training, iter_num, lr, best_val_loss, saved)
-                    t0, timed_from = time.time(), iter_num  # evaluation time is not training throughput
-                if iter_num >= config["max_iters"]:
-                    break
-                for micro in range(gas):
-                    if ddp:  # all-reduce gradients on the last micro step only
-                        model.require_backward_grad_sync = micro == gas - 1
-                    rows = get_rows(splits["train"], config["batch_size"], config["block_size"], rng)
-                    if config["retrieval_mix"]:
-                        mix_retrieval(rows, rng, config, copy_vocab)
-                    x, y = inputs_targets(rows, device)
-                    with ctx:
-                        _, loss = model(x, y)
-                        loss = loss / gas
-                    scaler.scale(loss).backward()
-                if config["grad_clip"]:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                iter_num += 1
-                if iter_num % config["log_interval"] == 0 and master:
-                    if device_type == "cuda":
-                        torch.cuda.synchronize()
-                    tok_s, flops, mfu = throughput(
-                        tokens_per_iter * (iter_num - timed_from), time.time() - t0,
-                        raw_model.flops_per_token(config["block_size"]), peak, world)
-                    t0, timed_from = time.time(), iter_num
-                    print(f"iter {iter_num}: loss {loss.item() * gas:.4f}, lr {lr:.2e}, {tok_s:,.0f} tok/s, "
-                          f"{flops / 1e12:.2f} TFLOP/s" + (f", mfu {100 * mfu:.1f}%" if peak else ""))
-                    if wandb_run:
-                        wandb_run.log({"iter": iter_num, "train/step_loss": loss.item() * gas,
-                                       "tokens_per_s": tok_s})
-        except KeyboardInterrupt:  # for run_cli's one line: where it stopped and how to go on
-            raise KeyboardInterrupt(f"at iter {iter_num}; resume with --init_from=resume" + (
-                "" if saved is None else f" (from its checkpoint at iter {saved})")) from None
-        if wandb_run:
-            wandb_run.finish()
+    with open_out_dir(config) if rank == 0 else nullcontext(Path(config["out_dir"])) as out_dir:
+        train_in(out_dir, config, rank, world, device, ddp)
     if ddp:  # the DDP wrapper holds the process group and sits in reference cycles: freed first, or gloo can
-        del model  # abort the process at exit
-        gc.collect()
+        gc.collect()  # abort the process at exit
         destroy_process_group()
 
 

@@ -1,6 +1,5 @@
 """Loss by token position at and past the training length, with RoPE scaling applied at inference; writes
-extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs:
-docs/reference.md."""
+extrapolation.{json,csv,png} into RUN_DIR (or --out). Options and outputs: docs/reference.md."""
 import argparse
 import sys
 import time
@@ -92,7 +91,7 @@ def parse_args(argv):
         p.add_argument(f"--{name}", default=default, type=kind,
                        help=text + ("" if default is None else f" (default {default})"))
     a = p.parse_args(argv)
-    names = [m.name for m in a.methods]  # options that apply to no method evaluated are refused, not ignored
+    names = [m.name for m in a.methods]  # an option of no method evaluated is refused, not ignored
     for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"),
                            ("dynamic_modes", "dynamic-ntk")):
         if getattr(a, option) is not None and method not in names:
@@ -127,7 +126,7 @@ def run_grid(model, tokens, docs, args, train_len):
         same = [f"{m:g}" for m, n in zip(args["lengths"], eval_lens) if n == T]
         raise UserError(f"--lengths {' and '.join(same)} are both {T} tokens at training length {train_len}: "
                         "give each length once")
-    # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
+    # in output order: only dynamic-ntk has modes, its causal one only under windows
     modes = {"windows": args["dynamic_modes"], "sliding": ["sequence"]}
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"]
             for mode in (modes[p] if m.name == "dynamic-ntk" else [None])]
@@ -150,7 +149,7 @@ def run_grid(model, tokens, docs, args, train_len):
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         pos_args = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
-        # crop depends on the units alone: the sliding protocol's lengths share their stretches, so its scores
+        # crop's scores depend on the units alone: lengths with the same units (sliding's) share them
         key = ("crop", pos_args.crop, n, tuple(starts)) if pos_args.crop else (protocol, T, method, mode)
         if not reason and key not in done:
             done[key] = score_units(model, tokens, starts, n, protocol, T, stride, pos_args, crop_stride)
@@ -169,7 +168,7 @@ def run_grid(model, tokens, docs, args, train_len):
 
 def extrapolate(args):
     model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
-    claim_output(args["out"], "extrapolation")  # a folder that cannot be written fails now, before the work
+    claim_output(args["out"], "extrapolation")  # a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
     if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
         from wandb_runs import ready_to_log
@@ -199,7 +198,7 @@ def extrapolate(args):
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
                   unit_docs=unit_docs, documents=len(docs), dynamic_factor=args["dynamic_factor"],
                   dynamic_modes=args["dynamic_modes"], results=results)
-    from eval.report import write_extrapolation  # the table, figure and CSV: eval/report.py
+    from eval.report import write_extrapolation  # the table, figure and CSV
     write_extrapolation(report, args["out"], args["plot"])
     if logs:
         from wandb_runs import log_extrapolation

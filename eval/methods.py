@@ -98,9 +98,7 @@ FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.default)
 MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
 
 
-class MethodSpec(str):
-    """A method as given ('yarn:beta_fast=4'), parsed once where it comes in: its name, its settings
-    ({'beta_fast': 4.0}) and its METHODS_TABLE entry. A str, so reports keep the text."""
+class MethodSpec(str):  # a method as given ('yarn:beta_fast=4'), parsed once; a str, so reports keep the text
     name: str
     settings: dict
     entry: Entry
@@ -163,8 +161,7 @@ def method_factor(method, length, train_len, factor=None):
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The PositionArgs of a method over `length` tokens. train_len: the length methods scale from; run_len:
-    the run's own block_size, which crop keeps; causal: dynamic scaling exact per position."""
+    # train_len: the length methods scale from; run_len: the run's own block_size, which crop keeps
     spec = method_spec(method)
     inputs = Inputs(method_factor(spec, length, train_len, factor), train_len, run_len, length, spec.settings)
     return PositionArgs(causal_dynamic=causal, **spec.entry.positions(inputs))

@@ -20,8 +20,7 @@ def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=No
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED):
     """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of rows
-    [N, n+1], each from position 0. crop is done here, for every command: rows longer than crop are cut to
-    their last crop tokens, and only their targets (m <= crop) scored."""
+    [N, n+1]. crop is done here, for every command: a row is cut to its last crop tokens."""
     rows = np.asarray(rows, dtype=np.int64)
     if method.crop and rows.shape[1] - 1 > method.crop:
         rows, last = rows[:, -(method.crop + 1):], min(last or method.crop, method.crop)
