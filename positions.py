@@ -18,8 +18,7 @@ MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method 
 
 @dataclass(frozen=True)
 class PositionArgs:
-    """How one forward treats positions. rope_scaling, causal_dynamic and extend act on the RoPE layers only,
-    window on every layer."""
+    """How one forward treats positions. rope_scaling, causal_dynamic, extend: on RoPE layers only."""
     rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
     causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
     window: int | None = None  # attend to at most the last `window` positions
@@ -179,7 +178,7 @@ class Attend(nn.Module):  # `attention` as a module, so that a probe can read it
 
 
 def forward_positions(method, config, start, T, kinds, device, cache):
-    # {nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model), once per forward
+    # {nope: Positions} for a GPT's kinds of layer (True: a RoPE model's NoPE layers), once per forward
     tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
     return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
             for nope in kinds}

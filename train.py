@@ -83,8 +83,7 @@ def estimate_loss(model, splits, config, ctx, device, copy_vocab):
 
 
 def evaluate_and_save(t, iter_num, lr, best_val_loss, saved):
-    """Evaluate (printed, into log.jsonl and wandb) and checkpoint: returns (best_val_loss, the iteration of
-    the last checkpoint). Every process calls it; rank 0 evaluates and writes."""
+    # every process calls it, rank 0 evaluates and writes; returns (best_val_loss, the last checkpoint's iter)
     losses = estimate_loss(t.model, t.splits, t.config, t.ctx, t.device, t.copy_vocab) if t.master else {}
     if t.ddp:  # rank 0's losses to every process, so that a non-finite loss stops each with the same line
         both = [losses.get("train", 0.0), losses.get("val", 0.0)]
@@ -109,7 +108,7 @@ def evaluate_and_save(t, iter_num, lr, best_val_loss, saved):
                                                        for k, v in losses.items()}})
     if iter_num == 0 and 0 not in t.config["keep_iters"]:  # the starting point: a checkpoint if kept
         return best_val_loss, saved
-    if t.master:  # what the run was trained from (config, data, origin) is what a resume and a study compare
+    if t.master:  # what the run was trained from (config, data, origin): what a resume and a study compare
         ckpt = {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(), "iter_num": iter_num,
                 "model_args": asdict(t.model.config), "best_val_loss": best_val_loss, "origin": t.origin,
                 "config": t.config, "data": data_identity(t.meta), "log": t.log,

@@ -23,17 +23,17 @@ DYNAMIC_MODES = ("sequence", "causal")
 BINS = ("linear", "log")
 
 
-def checked(parse):  # an argparse type from one of our parsers: a bad value is its one-line message
+def checked(parse, auto=None):  # an argparse type from our parser: a bad value is its one-line message
     def convert(text):
         try:
-            return parse(text)
+            return None if text == auto else parse(text)
         except UserError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return convert
 
 
 def number(name, kind, low, high=None, auto=None):
-    return checked(lambda t: None if t == auto else parse_number(t, name, kind, low, high))
+    return checked(lambda t: parse_number(t, name, kind, low, high), auto)
 
 
 def choice(name, allowed):
@@ -80,7 +80,7 @@ OPTIONS = (  # name, default, type, help
      "by this many tokens (auto: L/8; 1: exact, slow)"),
     ("helped_threshold", "2", number("helped_threshold", float, 0), "helped tokens: where some method beats "
      "crop by more than this many nats"),
-    ("plot", "auto", checked(lambda t: None if t == "auto" else parse_methods(t)), "methods drawn in "
+    ("plot", "auto", checked(parse_methods, "auto"), "methods drawn in "
      "extrapolation.png (auto: none, pi, ntk, yarn and the 4 others nearest crop past L)"),
 )
 

@@ -22,13 +22,13 @@ class Entry(NamedTuple):
     positions: Callable  # Inputs -> the fields of its PositionArgs
     settings: tuple = ()  # what a user may set, as name:key=value (yarn:beta_fast=4); unset: its rule
     default: bool = True  # in --methods' default list
-    shortest: int = 1  # the shortest trained context (block_size) it can score with: its window's, or sinks'
+    shortest: int = 1  # the shortest block_size it can score with (its window's, or sinks')
 
 
 class Inputs(NamedTuple):  # what a method's positions may depend on
     factor: float | list | None
     L: int  # the original training length it scales from
-    run_len: int  # the run's own block_size (a fine-tune's): the longest context its weights saw, crop's
+    run_len: int  # the run's own block_size: the longest context its weights saw, which crop keeps
     length: int  # the length scored
     settings: dict  # as given (name:key=value)
 
@@ -186,7 +186,7 @@ def check_pairs(factors, config):
 
 
 def unavailable(config, method, length):
-    # why a method cannot score `length` tokens on a model, or None: an explicit check, no caught error
+    # why a method cannot score `length` tokens on a model, or None
     spec, pos_emb = method_spec(method), config.pos_emb
     if not applicable([spec], pos_emb):
         what = "masks relative positions" if spec.name in MASKS else "rescales RoPE"
@@ -204,8 +204,7 @@ def unavailable(config, method, length):
 
 
 def reasons(config, cells):
-    """unavailable for each (method, tokens) cell a command would score; none scorable: a one-line error
-    before anything is computed (every command decides "nothing to evaluate" here)."""
+    # unavailable per (method, tokens) cell; none scorable: every command's one-line error, before any work
     why = [unavailable(config, method, n) for method, n in cells]
     if cells and all(why):
         raise UserError(f"nothing to evaluate: {cells[0][0]} at {cells[0][1]} tokens: {why[0]}")

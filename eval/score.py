@@ -1,5 +1,4 @@
-"""The one way to score held-out text token by token: every evaluation goes through score_rows, so "the loss
-at position p" means the same thing everywhere."""
+"""Every evaluation scores through score_rows, so "the loss at position p" means the same thing everywhere."""
 import math
 
 import numpy as np
