@@ -22,10 +22,10 @@ class PositionArgs:
     rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
     causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
     window: int | None = None  # attend to at most the last `window` positions
-    sinks: int = 0  # of those, the first `sinks` of the sequence instead, at cache positions (StreamingLLM)
+    sinks: int = 0  # of those, the sequence's first `sinks` instead, at cache positions (StreamingLLM)
     logn_len: int | None = None  # log-n attention scaling past this length
-    extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions (ReRoPE: no group)
-    leak: int | None = None  # with extend, leaky ReRoPE's k: past the window distances grow k times slower
+    extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions
+    leak: int | None = None  # with extend, leaky ReRoPE's k
     crop: int | None = None  # truncation: the input cut to its last `crop` tokens before a forward
 
     def cropped(self, idx):  # under crop the last `crop` tokens [B, crop], at positions 0 .. crop - 1
@@ -119,9 +119,9 @@ class Positions(NamedTuple):
     log_n: torch.Tensor | None = None  # [T, 1] log of the keys a query sees: SSMax's, times its learned s_h
     layout: str = "half"  # rope.apply_rope's
     rotation: Rotation | None = None  # q and k at their own positions
-    far: Rotation | None = None  # ReRoPE, Self-Extend, leaky ReRoPE: for the pairs at least far_window apart
+    far: Rotation | None = None  # ReRoPE, Self-Extend: for the pairs at least far_window apart
     far_window: int = 0
-    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position (sink_cos [T, D])
+    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position [T, D]
     sink_cos: torch.Tensor | None = None
     sink_sin: torch.Tensor | None = None
     dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t length t + 1's

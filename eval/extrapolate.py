@@ -19,8 +19,6 @@ from runtime import load_run
 
 PROTOCOLS = ("windows", "sliding")
 DOCS = ("all", "dev", "test")  # the held-out documents, or a half: dev (even-numbered files), test (odd)
-DYNAMIC_MODES = ("sequence", "causal")
-BINS = ("linear", "log")
 
 
 def checked(parse, auto=None):  # an argparse type from our parser: a bad value is its one-line message
@@ -68,14 +66,14 @@ OPTIONS = (  # name, default, type, help
     ("tokens", "16384", number("tokens", int, 1), "scored tokens per length and protocol"),
     ("min_units", "2", number("min_units", int, 2), "at least this many windows (or stretches) per length, "
      "where the held-out text has them"),
-    ("bins", "linear", choice("bins", BINS), "position bins: linear or log"),
+    ("bins", "linear", choice("bins", ("linear", "log")), "position bins: linear or log"),
     ("factor", "auto", number("factor", float, 1, MAX_FACTOR, auto="auto"), "auto (eval length / training "
      "length) or one number >= 1 for every length"),
     ("dynamic_factor", None, number("dynamic_factor", float, 1, MAX_FACTOR), "dynamic-ntk's extra NTK "
      "multiplier a (default 1: plain dynamic NTK)"),
     ("pair_factors", None, checked(methods.parse_pairs), methods.PAIRS_OPTION[2]),
-    ("dynamic_modes", None, listed("dynamic_modes", str, DYNAMIC_MODES), "dynamic-ntk's: sequence (one "
-     "forward) and/or causal (exact per position, slow; default sequence)"),
+    ("dynamic_modes", None, listed("dynamic_modes", str, ("sequence", "causal")),
+     "dynamic-ntk's: sequence (one forward) and/or causal (exact per position, slow; default sequence)"),
     ("crop_stride", "auto", number("crop_stride", int, 1, auto="auto"), "crop's truncation windows advance "
      "by this many tokens (auto: L/8; 1: exact, slow)"),
     ("helped_threshold", "2", number("helped_threshold", float, 0), "helped tokens: where some method beats "
