@@ -31,7 +31,7 @@ class GPTConfig:  # each field's meaning: config.py's KEYS (train.py --help)
     nope_every: int | None = None
     rope_window: int | None = None
     ssmax: bool = False
-    train_len: int | None = None  # the length methods scale from: block_size, or a fine-tune's first run's
+    train_len: int | None = None  # the length methods scale from: block_size, or a fine-tune's origin's
     # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
     norm: str = "layernorm"
     norm_eps: float = 1e-5

@@ -19,7 +19,7 @@ MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method 
 @dataclass(frozen=True)
 class PositionArgs:
     """How one forward treats positions. rope_scaling, causal_dynamic, extend: on RoPE layers only."""
-    rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
+    rope_scaling: dict | None = None  # replaces the trained one (None: as trained)
     causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
     window: int | None = None  # attend to at most the last `window` positions
     sinks: int = 0  # of those, the sequence's first `sinks` instead, at cache positions (StreamingLLM)
@@ -117,7 +117,7 @@ class Positions(NamedTuple):
     mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys a query sees; [H, T, Tk]: ALiBi's
     q_scale: torch.Tensor | None = None  # [T, 1] log-n's logit scale per query
     log_n: torch.Tensor | None = None  # [T, 1] log of the keys a query sees: SSMax's, times its learned s_h
-    layout: str = "half"  # rope.apply_rope's
+    layout: str = "half"
     rotation: Rotation | None = None  # q and k at their own positions
     far: Rotation | None = None  # ReRoPE, Self-Extend: for the pairs at least far_window apart
     far_window: int = 0
@@ -172,7 +172,7 @@ def attention(q, k, v, pos, ssmax=None, dropout=0.0):
                                           is_causal=mask is None and q.size(2) > 1)[..., :width]
 
 
-class Attend(nn.Module):  # `attention` as a module, so that a probe can read its inputs with a forward hook
+class Attend(nn.Module):  # `attention` as a module, so that a probe can read its inputs with a hook
     def forward(self, q, k, v, pos, ssmax, dropout):
         return attention(q, k, v, pos, ssmax, dropout)
 
@@ -210,8 +210,8 @@ def far_rotation(method, config, cos, sin, start, T, device):
     if not method.leak:
         at_q, at_k = far_positions(T, Tk, window, group, device)
         return Rotation(cos[at_q], sin[at_q], cos[at_k], sin[at_k])
-    # leaky ReRoPE (Su 2023): the run's own frequencies / k, query i at i + w(k - 1), key j at j, so that a
-    # distance d >= w becomes w + (d - w) / k
+    # leaky ReRoPE (Su 2023): the run's frequencies / k, query i at i + w(k - 1), key j at j: a distance
+    # d >= w becomes w + (d - w) / k
     queries = torch.arange(start, Tk, device=device) + window * (method.leak - 1)
     q_cos, q_sin = rope_tables(config, None, Tk, queries, slowdown=method.leak)
     k_cos, k_sin = rope_tables(config, None, Tk, torch.arange(Tk, device=device), slowdown=method.leak)
@@ -225,7 +225,7 @@ def layer_positions(method, tables, start, T, config, device):
     window, sinks, Tk = method.window, method.sinks, start + T
     if rope and config.rope_window and not (window and window < config.rope_window):
         window, sinks = config.rope_window, 0
-    seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees: causal, within the window
+    seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees
     seen = seen.clamp(max=window) if window else seen
     dynamic, mask, logn = rope and method.causal_dynamic, None, None  # mask None: SDPA's causal flag
     if config.pos_emb == "alibi":

@@ -47,7 +47,7 @@ def dynamic(dim, base, scaling, seq_len):
     return default_inv_freq(dim, base * scale ** (dim / (dim - 2))), 1.0
 
 
-def yarn_correction_dim(num_rotations, dim, base, original_len):  # the pair turning num_rotations times in L
+def yarn_correction_dim(num_rotations, dim, base, original_len):  # the pair turning num_rotations times
     return dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
@@ -107,7 +107,7 @@ def llama3(dim, base, scaling, seq_len):
 
 class RopeType(NamedTuple):
     init: Callable
-    keys: tuple = ()  # the keys it reads beyond COMMON_KEYS (as transformers' rope utilities)
+    keys: tuple = ()  # the keys it reads beyond COMMON_KEYS
     required: tuple = ()
     follows_length: bool = False  # its frequencies follow the length of the forward
     whole_head: bool = False  # it runs over the whole head (Gemma 4's proportional)
@@ -147,17 +147,17 @@ def rotating_pairs(head_dim, fraction):
 
 
 def rope_frequencies(head_dim, base, scaling=None, seq_len=None, fraction=None, slowdown=1):
-    """(inv_freq [head_dim // 2] float32, attention_factor) of a checked rope_scaling dict at seq_len tokens.
-    fraction: p-RoPE's share of rotating pairs (with a partial_rotary_factor, a pair rotates if both let it);
-    slowdown: every frequency divided by it, in float64 as the scaling methods divide."""
+    """(inv_freq [head_dim // 2] float32, attention_factor) at seq_len tokens. fraction: p-RoPE's share of
+    rotating pairs (a pair rotates if it and partial_rotary_factor both let it); slowdown: every frequency
+    divided by it, in float64 as the scaling methods divide."""
     scaling = scaling or {}
     kind = ROPE_TYPES[scaling_type(scaling)]
     # transformers' rotary dim d' = int(head_dim * partial_rotary_factor) rotates at base^(-2i/d')
     rotary = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
     base = scaling.get("rope_theta") or base
     inv_freq, attention_factor = kind.init(head_dim if kind.whole_head else rotary, base, scaling, seq_len)
-    # pairs past the rotary dim pass through (frequency 0); p-RoPE: scaled as full RoPE, then the lowest pairs
-    # set to 0 (no position to scale there), which keep YaRN's temperature (the whole logit's; pair_attention)
+    # pairs past the rotary dim pass through (frequency 0); p-RoPE: scaled as full RoPE, then its lowest pairs
+    # set to 0 (no position to scale there; they keep YaRN's temperature, the whole logit's)
     inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - len(inv_freq))))
     inv_freq[rotary // 2:] = 0
     inv_freq[rotating_pairs(head_dim, fraction):] = 0

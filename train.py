@@ -46,7 +46,7 @@ class Training:  # what the loop's evaluations and checkpoints read (rank 0 eval
 
 
 def lr_at(it, c):
-    # a schedule no longer than its warmup (a short run) warms up over its first half, so that it still decays
+    # a schedule no longer than its warmup (a short run) warms up over its first half, so it still decays
     warmup = c["warmup_iters"] if c["warmup_iters"] < c["lr_decay_iters"] else c["lr_decay_iters"] // 2
     if it < warmup:
         return c["learning_rate"] * (it + 1) / (warmup + 1)
@@ -135,7 +135,7 @@ def train_in(out_dir, config, rank, world, device, ddp):
             rng.bit_generator.state = ckpt["rng"]["numpy"]
             torch.set_rng_state(ckpt["rng"]["torch"].cpu())
             write_log(out_dir, log)  # evaluations after the checkpoint were of weights it does not hold
-        else:  # other processes: a fresh stream, not a replay of what they drew before
+        else:  # other processes: a fresh stream, not a replay
             rng = np.random.default_rng([config["seed"], rank, iter_num])
         print(f"resuming from {out_dir}/ckpt.pt at iter {iter_num}")
     elif ckpt is not None:
@@ -158,7 +158,7 @@ def train_in(out_dir, config, rank, world, device, ddp):
         model = DDP(model, device_ids=[int(device.split(":")[1])] if device_type == "cuda" else None)
 
     gas = config["gradient_accumulation_steps"]
-    copy_vocab = None  # the ids the retrieval rows draw from, where the config mixes them in
+    copy_vocab = None  # the ids the retrieval rows draw from
     if config["retrieval_mix"]:
         from data.synthetic import mix_retrieval, random_vocab
         copy_vocab = random_vocab(config["retrieval_vocab"], meta["vocab_size"])
@@ -176,7 +176,6 @@ def train_in(out_dir, config, rank, world, device, ddp):
                         copy_vocab=copy_vocab, rng=rng, origin=origin, log=log, out_dir=out_dir, ctx=ctx,
                         device=device, wandb=wandb_run, master=master, ddp=ddp)
 
-    # ------------------------------------------------------------------------------------------ the loop
     t0, timed_from = time.time(), iter_num
     saved = iter_num if config["init_from"] == "resume" else None  # the checkpoint a resume starts from
     try:
@@ -237,8 +236,8 @@ def train(config):
         init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     with open_out_dir(config) if rank == 0 else nullcontext(Path(config["out_dir"])) as out_dir:
         train_in(out_dir, config, rank, world, device, ddp)
-    if ddp:  # the DDP wrapper holds the process group and sits in reference cycles: freed first, or gloo can
-        gc.collect()  # abort the process at exit
+    if ddp:  # the DDP wrapper holds the process group in reference cycles: freed first, or gloo can abort
+        gc.collect()  # the process at exit
         destroy_process_group()
 
 

@@ -48,7 +48,7 @@ def listed(name, kind, allowed=None):
 
 def multiples(text):
     values = parse_list(text, "lengths", float)
-    if any(m <= 0 for m in values):
+    if min(values) <= 0:
         raise UserError(f"--lengths must be positive multiples of the training length, got {text}")
     return values
 
@@ -135,7 +135,7 @@ def run_grid(model, tokens, docs, args, train_len):
     units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"])
              for p in args["protocols"] for T in eval_lens}
     crop_stride = args["crop_stride"] or max(1, model.config.block_size // 8)
-    if crop_stride > model.config.block_size:  # crop's targets would see a single token: not truncation to L
+    if crop_stride > model.config.block_size:  # crop's targets would see a single token
         raise UserError(f"--crop_stride {crop_stride} is longer than the run's context "
                         f"{model.config.block_size}: use --crop_stride <= {model.config.block_size} (each "
                         "target keeps at least L - stride + 1 tokens)")
@@ -168,7 +168,7 @@ def extrapolate(args):
     model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
     claim_output(args["out"], "extrapolation")  # a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
-    if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
+    if logs:  # a bad wandb setting or run file: one line now, not after the work
         from wandb_runs import ready_to_log
         ready_to_log(args["run_dir"])
     cfg = model.config

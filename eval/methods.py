@@ -1,6 +1,5 @@
 """The position methods every command shares, one entry each in METHODS_TABLE (adding one:
-docs/adding_a_method.md): where a method applies, its factor and the PositionArgs it builds. Formulas live in
-rope.py (rope_scaling dicts) and positions.py (masks, attention)."""
+docs/adding_a_method.md). Formulas live in rope.py and positions.py."""
 import math
 from typing import Callable, NamedTuple
 
@@ -10,7 +9,7 @@ from positions import SINKS, PositionArgs
 from rope import ORIGINAL, YARN_BETAS
 
 ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only
-BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
+BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L
 INTEGER = ("window", "group", "k")  # settings that count tokens (or a group, a slowdown); others are numbers
 
 
@@ -21,7 +20,7 @@ class Entry(NamedTuple):
     factor: str | None
     positions: Callable  # Inputs -> the fields of its PositionArgs
     settings: tuple = ()  # what a user may set, as name:key=value (yarn:beta_fast=4); unset: its rule
-    default: bool = True  # in --methods' default list
+    default: bool = True  # in the default --methods
     shortest: int = 1  # the shortest block_size it can score with (its window's, or sinks')
 
 
@@ -29,8 +28,8 @@ class Inputs(NamedTuple):  # what a method's positions may depend on
     factor: float | list | None
     L: int  # the original training length it scales from
     run_len: int  # the run's own block_size: the longest context its weights saw, which crop keeps
-    length: int  # the length scored
-    settings: dict  # as given (name:key=value)
+    length: int  # scored
+    settings: dict
 
 
 def yarn(a, **keys):
@@ -153,7 +152,7 @@ def usable(names, pos_emb):  # those that apply, saying which do not; none left:
 
 
 def method_factor(method, length, train_len, factor=None):
-    # Entry.factor's at `length` tokens: None where it takes none, else the one pinned or its default
+    # Entry.factor's at `length` tokens: the one pinned, or its default
     kind = method_spec(method).entry.factor
     if kind == "ratio":
         return factor or max(1.0, length / train_len)
@@ -175,12 +174,9 @@ def parse_pairs(text):  # repeats kept
         return [parse_number(t, "pair_factors", float, 1, MAX_FACTOR) for t in text.split(",")]
 
 
-def check_pairs(factors, config):
+def check_pairs(factors, config):  # parse_pairs' (each >= 1; the commands refuse none): one per pair
     n = config.rotary_dim // 2
-    if factors is None:
-        raise UserError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, "
-                        "fastest first")
-    if len(factors) != n or min(factors) < 1:
+    if len(factors) != n:
         raise UserError(f"--pair_factors has {len(factors)} factors, smallest {min(factors):g}; this model "
                         f"has {n} frequency pairs: give {n} factors >= 1, fastest pair first")
 

@@ -31,7 +31,7 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED
         with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
             # the head only over the targets asked for: a strided crop reads few of them
             logits, _ = model(chunk[:, :-1], last=m, method=method)
-        y = chunk[:, -m:]  # per token, in float32 (as the model's own loss): positions are the point
+        y = chunk[:, -m:]  # per token, in float32 as the model's own loss
         loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
         nll[i:i + len(chunk)] = loss.double().cpu().numpy()
         hit[i:i + len(chunk)] = (logits.argmax(-1) == y).cpu().numpy()
@@ -57,7 +57,7 @@ def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
 
 
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
-    # (unit length, starts), the same for every method: windows, or sliding stretches of >= 2 windows
+    # (unit length, starts) for every method: windows, or sliding stretches of >= 2 windows
     longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
     n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
     try:
