@@ -1,8 +1,6 @@
-"""
-nanoGPT's model with a choice of position encoding: learned (GPT-2), sinusoidal (Vaswani et al.), rope
+"""nanoGPT's model with a choice of position encoding: learned (GPT-2), sinusoidal (Vaswani et al.), rope
 (Su et al.; p-RoPE, Barbero et al. 2024; iRoPE / RNoPE-SWA's NoPE and local RoPE layers), alibi (Press et
-al. 2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025). Positions: positions.py.
-"""
+al. 2022) or none (NoPE); any of them with Scalable-Softmax (Nakanishi 2025). Positions: positions.py."""
 import math
 from dataclasses import dataclass
 
@@ -33,7 +31,7 @@ class GPTConfig:  # each field's meaning: config.py's KEYS (train.py --help)
     nope_every: int | None = None
     rope_window: int | None = None
     ssmax: bool = False
-    train_len: int | None = None  # the length methods scale from: block_size, or a fine-tune's first run's
+    train_len: int | None = None  # the length methods scale from: block_size, or a fine-tune's origin's
     # a pretrained model's architecture (pretrained.py: GPT-NeoX, Llama, Qwen2, Mistral); defaults: this GPT
     norm: str = "layernorm"
     norm_eps: float = 1e-5
@@ -45,7 +43,7 @@ class GPTConfig:  # each field's meaning: config.py's KEYS (train.py --help)
     parallel_residual: bool = False
     tie_embeddings: bool = True
 
-    def __post_init__(self):  # the user's values are checked where they come in (config.gpt_config), not here
+    def __post_init__(self):  # the user's values are checked where they come in (config.py), not here
         self.train_len = self.train_len or self.block_size
 
     @property
@@ -58,7 +56,6 @@ class GPTConfig:  # each field's meaning: config.py's KEYS (train.py --help)
 
 
 class CausalSelfAttention(nn.Module):
-
     def __init__(self, config, layer):
         super().__init__()
         self.layer, self.n_head, self.dropout = layer, config.n_head, config.dropout
@@ -89,7 +86,6 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         hidden, self.swiglu = config.mlp_hidden or 4 * config.n_embd, config.mlp == "swiglu"
@@ -112,7 +108,6 @@ def norm(config):
 
 
 class Block(nn.Module):
-
     def __init__(self, config, layer):
         super().__init__()
         self.ln_1 = norm(config)
@@ -129,7 +124,6 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -145,8 +139,7 @@ class GPT(nn.Module):
         self.rope_cache = {}  # positions.cached_tables'
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer); the order of the draws
-        # fixes the weights a seed gives
+        # GPT-2 init: N(0, 0.02), residual projections by 1/sqrt(2 * n_layer); the draws' order fixes a seed's
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 torch.nn.init.normal_(m.weight, std=0.02)
@@ -158,9 +151,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, cache=None, method=AS_TRAINED, last=None):
-        """idx [B, T] -> logits [B, T, vocab] (and the mean loss if targets are given); last: of the last
-        positions only. cache: a KVCache, continued in place. method: how positions are treated in this call
-        (PositionArgs)."""
+        # idx [B, T] -> logits [B, T or last, vocab] (and the mean loss given targets); cache: sample.py's
         B, T = idx.size()
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -183,7 +174,7 @@ class GPT(nn.Module):
             x = block(x, pos[block.attn.nope], cache)
         if cache is not None:
             cache.length += T
-        logits = self.lm_head(self.transformer.ln_f(x[:, -last:] if last else x))  # last: what a scorer reads
+        logits = self.lm_head(self.transformer.ln_f(x[:, -last:] if last else x))
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

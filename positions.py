@@ -1,8 +1,6 @@
-"""How positions enter attention. eval/methods.py turns a method's name into a PositionArgs; forward_positions
-turns it into one Positions per kind of layer (RoPE, NoPE), with every table the forward needs; `attention`
-applies one: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near and far rotations
-merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling. Also the sinusoidal encoding
-added to the input."""
+"""How positions enter attention: forward_positions turns a PositionArgs into one Positions per kind of
+layer, which `attention` applies: SDPA (causal, windowed, or ALiBi's bias), StreamingLLM's rotated sinks, near
+and far rotations merged (ReRoPE, Self-Extend, leaky ReRoPE), or exact causal dynamic scaling."""
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -15,36 +13,30 @@ from torch.nn import functional as F
 from rope import ROPE_TYPES, apply_rope, rope_tables, scaling_type
 
 SINKS = 4  # StreamingLLM's number of attention sinks (Xiao et al. 2023)
-MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score (sinks')
+MIN_BLOCK_SIZE = SINKS + 1  # the shortest trained context every default method can score
 
 
 @dataclass(frozen=True)
 class PositionArgs:
-    """How one call (GPT.forward, generate, the scorers) treats positions; eval/methods.py builds one per
-    method. rope_scaling, causal_dynamic and extend act on the RoPE layers only, window on every layer."""
-    rope_scaling: dict | None = None  # replaces the trained rope_scaling (None: as trained)
+    """How one forward treats positions. rope_scaling, causal_dynamic, extend: on RoPE layers only."""
+    rope_scaling: dict | None = None  # replaces the trained one (None: as trained)
     causal_dynamic: bool = False  # exact per-position dynamic scaling (a full forward, no cache)
     window: int | None = None  # attend to at most the last `window` positions
-    sinks: int = 0  # of those, the first `sinks` of the sequence instead, at cache positions (StreamingLLM)
+    sinks: int = 0  # of those, the sequence's first `sinks` instead, at cache positions (StreamingLLM)
     logn_len: int | None = None  # log-n attention scaling past this length
-    extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions (ReRoPE: no group)
-    leak: int | None = None  # with extend, leaky ReRoPE's k: past the window distances grow k times slower
-    crop: int | None = None  # truncation: the input cut to its last `crop` tokens (cropped) before a forward
+    extend: tuple | None = None  # (window, group): pairs >= window apart at far_positions
+    leak: int | None = None  # with extend, leaky ReRoPE's k
+    crop: int | None = None  # truncation: the input cut to its last `crop` tokens before a forward
 
-    def cropped(self, idx):
-        """The tokens [B, T] a forward sees: under crop the last `crop`, at positions 0 .. crop - 1; else
-        all."""
+    def cropped(self, idx):  # under crop the last `crop` tokens [B, crop], at positions 0 .. crop - 1
         return idx[:, -self.crop:] if self.crop else idx
 
-    def settings(self):
-        """The fields set, for reports: {} for the model as trained."""
+    def settings(self):  # the fields set, for reports: {} for the model as trained
         return {k: v for k, v in asdict(self).items() if v}
 
 
 AS_TRAINED = PositionArgs()
 
-
-# ----------------------------------------------------------------------------- encodings, masks and biases
 
 def sinusoidal_embedding(positions, dim):
     # PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))
@@ -54,22 +46,20 @@ def sinusoidal_embedding(positions, dim):
 
 
 def visible(T, Tk, window, device, sinks=0):
-    """Bool [T, Tk]: may query i (the i-th of the T newest of Tk positions) see key j: causal, within
-    `window`, which keeps the first `sinks` positions and the last window - sinks (StreamingLLM)."""
+    # [T, Tk]: may query i (of the T newest of Tk positions) see key j: causal, within `window`, which keeps
+    # the first `sinks` positions and the last window - sinks (StreamingLLM)
     q = torch.arange(Tk - T, Tk, device=device)[:, None]
     k = torch.arange(Tk, device=device)
     return (k <= q) & ((k > q - window + sinks) | (k < sinks)) if window else k <= q
 
 
-def cache_positions(T, Tk, window, device):
-    """Each query's position in a StreamingLLM cache of `window` slots: its own up to window - 1, then window
-    - 1."""
+def cache_positions(T, Tk, window, device):  # each query's position in a StreamingLLM cache of `window` slots
     return torch.arange(Tk - T, Tk, device=device).clamp(max=window - 1)
 
 
 def alibi_slopes(n_head):
-    """ALiBi's per-head slopes (Press et al. 2022): for n a power of two 2^(-8/n), 2^(-16/n), ..., 2^(-8);
-    else those of the power of two p below n, then every other slope of 2p for the rest (authors' code)."""
+    # ALiBi (Press et al. 2022): for n a power of two 2^(-8/n), 2^(-16/n), ..., 2^(-8); else those of the
+    # power of two p below n, then every other slope of 2p for the rest (authors' code)
     def geometric(n):
         return [2 ** (-8 * (i + 1) / n) for i in range(n)]
     p = 2 ** math.floor(math.log2(n_head))
@@ -77,9 +67,8 @@ def alibi_slopes(n_head):
 
 
 def alibi_bias(slopes, T, Tk, window, device, sinks=0):
-    """ALiBi as a float mask [H, T, Tk] added to the scaled logits: -slope_h * (i - j) where query i (the i-th
-    of the T newest of Tk positions) sees key j, -inf elsewhere; a sink j is at distance (cache position of i)
-    - j."""
+    # [H, T, Tk] added to the logits: -slope_h * (i - j) where query i sees key j, else -inf; a sink j is at
+    # distance (cache position of i) - j
     k = torch.arange(Tk, device=device)
     distance = torch.arange(Tk - T, Tk, device=device)[:, None] - k
     if sinks:
@@ -88,27 +77,19 @@ def alibi_bias(slopes, T, Tk, window, device, sinks=0):
     return bias.masked_fill(~visible(T, Tk, window, device, sinks), float("-inf"))
 
 
-def logn_scale(n, train_len):
-    # log-n scaling (Su 2023): a query that sees n > L tokens gets its logits scaled by log(n) / log(L),
-    # exactly 1 up to L, so attention entropy stays near what training saw
-    return (n.double().log() / math.log(train_len)).clamp(min=1).float()
-
-
 def far_positions(T, Tk, window, group, device=None):
-    """(queries [T], keys [Tk]): the T newest of Tk positions for pairs at least W = `window` apart. ReRoPE
-    (group None, Su 2023): at distance W (query at W, key at 0). Self-Extend (Jin et al. 2024): query
-    floor(i/G) + W - floor(W/G), key floor(j/G): grouped distances carry on from W. Clamped into [0, Tk)."""
+    # (queries [T], keys [Tk]) positions for pairs >= W = window apart, clamped below Tk. ReRoPE (group None,
+    # Su 2023): query at W, key at 0. Self-Extend (Jin et al. 2024): query i // G + W - W // G, key j // G
+    # (grouped distances carry on from W)
     q, k = torch.arange(Tk - T, Tk, device=device), torch.arange(Tk, device=device)
     if group is None:
         return torch.full_like(q, window).clamp(max=Tk - 1), torch.zeros_like(k)
     return (q // group + window - window // group).clamp(max=Tk - 1), k // group
 
 
-# ----------------------------------------------------------------------------- attention
-
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    """Attention with logit q_near . k_near where i - j < window, q_far . k_far beyond; mask: bool [T, Tk]
-    (None: causal). Chunks of queries keep the two logit matrices to ~16 MB."""
+    # logit q_near . k_near where i - j < window, q_far . k_far beyond; chunks of queries keep the two logit
+    # matrices to ~16 MB
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
     j = torch.arange(Tk, device=v.device)
@@ -124,10 +105,7 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     return torch.cat(out, dim=2)
 
 
-# ----------------------------------------------------------------------------- one forward's positions
-
-class Rotation(NamedTuple):
-    """rope.rope_cos_sin's tables for the T queries [T, head_dim] and the Tk keys [Tk, head_dim]."""
+class Rotation(NamedTuple):  # rope_cos_sin's tables: queries [T, D], keys [Tk, D]
     q_cos: torch.Tensor
     q_sin: torch.Tensor
     k_cos: torch.Tensor
@@ -135,23 +113,21 @@ class Rotation(NamedTuple):
 
 
 class Positions(NamedTuple):
-    """What one kind of layer (RoPE, NoPE) does with positions in one forward; forward_positions builds it,
-    `attention` applies it. Fields a layer's method does not use stay None (or 0)."""
+    """What one kind of layer (RoPE, NoPE) does with positions in a forward; unused fields stay None."""
     mask: torch.Tensor | None = None  # None: causal; bool [T, Tk]: the keys a query sees; [H, T, Tk]: ALiBi's
     q_scale: torch.Tensor | None = None  # [T, 1] log-n's logit scale per query
     log_n: torch.Tensor | None = None  # [T, 1] log of the keys a query sees: SSMax's, times its learned s_h
-    layout: str = "half"  # rope.apply_rope's
+    layout: str = "half"
     rotation: Rotation | None = None  # q and k at their own positions
-    far: Rotation | None = None  # ReRoPE, Self-Extend, leaky ReRoPE: for the pairs at least far_window apart
+    far: Rotation | None = None  # ReRoPE, Self-Extend: for the pairs at least far_window apart
     far_window: int = 0
-    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position (sink_cos [T, D])
+    sinks: int = 0  # StreamingLLM: keys 0 .. sinks - 1 see each query at its cache position [T, D]
     sink_cos: torch.Tensor | None = None
     sink_sin: torch.Tensor | None = None
     dynamic_freq: torch.Tensor | None = None  # exact causal dynamic: [T, head_dim / 2], row t length t + 1's
     dynamic_attention: torch.Tensor | None = None  # and its attention factor per pair [head_dim / 2]
 
-    def scales(self, ssmax):
-        """Each query's logit scales (and head's, SSMax's s_h): before or after the rotation alike."""
+    def scales(self, ssmax):  # each query's logit scales (and head's: SSMax's s_h), before or after rotation
         ssmax = None if ssmax is None else ssmax[:, None, None] * self.log_n
         return [s for s in (self.q_scale, ssmax) if s is not None]
 
@@ -170,14 +146,14 @@ def scaled(q, scales):
 
 
 def attention(q, k, v, pos, ssmax=None, dropout=0.0):
-    """softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k and v [B, H, Tk, D] (the queries the
-    last T of Tk positions), rotated, scaled and masked as `pos` says; ssmax: SSMax's s_h [H] or None."""
+    # softmax(q k^T / sqrt(D) + mask) v of unrotated q [B, H, T, D], k, v [B, H, Tk, D], rotated, scaled and
+    # masked as `pos` says; ssmax: SSMax's s_h [H] or None
     scales = pos.scales(ssmax)
-    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself (opt-in, so apart)
+    if pos.dynamic_freq is not None:  # a frequency set per query: rotates q and k itself
         from causal_dynamic import causal_dynamic_attention
         freq, attention_factor = pos.dynamic_freq, pos.dynamic_attention
         return causal_dynamic_attention(scaled(q, scales), k, v, freq, attention_factor, pos.mask, pos.layout)
-    if pos.far is not None:  # the same q and k rotated at their own positions near, at the far pairs' beyond
+    if pos.far is not None:  # q and k rotated at their own positions near, at the far positions beyond
         q_far, k_far = rotated(q, k, pos.far, pos.layout)
         q, k = rotated(q, k, pos.rotation, pos.layout)
         q, q_far = scaled(q, scales), scaled(q_far, scales)
@@ -196,25 +172,21 @@ def attention(q, k, v, pos, ssmax=None, dropout=0.0):
                                           is_causal=mask is None and q.size(2) > 1)[..., :width]
 
 
-class Attend(nn.Module):
-    """`attention` as a module, so that a probe can read its inputs with a forward hook."""
-
+class Attend(nn.Module):  # `attention` as a module, so that a probe can read its inputs with a hook
     def forward(self, q, k, v, pos, ssmax, dropout):
         return attention(q, k, v, pos, ssmax, dropout)
 
 
 def forward_positions(method, config, start, T, kinds, device, cache):
-    """{nope: Positions} for a GPT's kinds of layer (True: a NoPE layer of a RoPE model) over T queries after
-    `start` cached ones: every table a forward needs, built once."""
+    # {nope: Positions} for a GPT's kinds of layer (True: a RoPE model's NoPE layers), once per forward
     tables = cached_tables(method, config, start + T, device, cache) if config.pos_emb == "rope" else None
     return {nope: layer_positions(method, None if nope else tables, start, T, config, device)
             for nope in kinds}
 
 
 def cached_tables(method, config, n, device, cache):
-    """rope.py's (cos, sin) [n, head_dim] over positions [0, n) (exact causal dynamic: its frequencies),
-    cached per scaling and device (a copy to the GPU per forward stalls it); a longer length's serve unless
-    they follow the length."""
+    # rope.py's (cos, sin) [n, D] (exact causal dynamic: its frequencies), cached per scaling and device (a
+    # copy to the GPU per forward stalls it); a longer length's serve unless they follow the length
     scaling, dynamic = method.rope_scaling, method.causal_dynamic
     follows = dynamic or ROPE_TYPES[scaling_type(scaling or config.rope_scaling)].follows_length
     # no json for training's scaling=None: torch.compile cannot trace json.dumps and would split the graph
@@ -233,13 +205,13 @@ def cached_tables(method, config, n, device, cache):
 
 
 def far_rotation(method, config, cos, sin, start, T, device):
-    """The rotation of the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]."""
+    # for the pairs at least method.extend's window apart; cos, sin: the near tables [Tk, D]
     (window, group), Tk = method.extend, start + T
     if not method.leak:
         at_q, at_k = far_positions(T, Tk, window, group, device)
         return Rotation(cos[at_q], sin[at_q], cos[at_k], sin[at_k])
-    # leaky ReRoPE (Su 2023): the run's own frequencies / k, query i at i + w(k - 1), key j at j, so that a
-    # distance d >= w becomes w + (d - w) / k
+    # leaky ReRoPE (Su 2023): the run's frequencies / k, query i at i + w(k - 1), key j at j: a distance
+    # d >= w becomes w + (d - w) / k
     queries = torch.arange(start, Tk, device=device) + window * (method.leak - 1)
     q_cos, q_sin = rope_tables(config, None, Tk, queries, slowdown=method.leak)
     k_cos, k_sin = rope_tables(config, None, Tk, torch.arange(Tk, device=device), slowdown=method.leak)
@@ -247,24 +219,23 @@ def far_rotation(method, config, cos, sin, start, T, device):
 
 
 def layer_positions(method, tables, start, T, config, device):
-    """The Positions of one kind of layer (tables: cached_tables', None without rotation). A RoPE layer with a
-    rope_window attends within the smaller window, with the method's sinks only if that is the method's (a
-    layer trained local never saw far-off sinks)."""
+    # a RoPE layer with a rope_window attends within the smaller window, with the method's sinks only if
+    # that window is the method's (a layer trained local never saw far-off sinks)
     rope = tables is not None
     window, sinks, Tk = method.window, method.sinks, start + T
     if rope and config.rope_window and not (window and window < config.rope_window):
         window, sinks = config.rope_window, 0
-    seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees: causal, within the window
+    seen = torch.arange(start + 1, Tk + 1, device=device)  # keys each query sees
     seen = seen.clamp(max=window) if window else seen
-    dynamic = rope and method.causal_dynamic
+    dynamic, mask, logn = rope and method.causal_dynamic, None, None  # mask None: SDPA's causal flag
     if config.pos_emb == "alibi":
         mask = alibi_bias(alibi_slopes(config.n_head), T, Tk, window, device, sinks)
     elif dynamic or (window and window < Tk) or T not in (1, Tk):
         mask = visible(T, Tk, window, device, sinks)
-    else:  # SDPA's causal flag does it
-        mask = None
-    base = Positions(mask, logn_scale(seen, method.logn_len)[:, None] if method.logn_len else None,
-                       seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
+    if method.logn_len:  # log-n scaling (Su 2023): a query seeing n > L keys has its logits scaled by
+        # log(n) / log(L), 1 up to L, so that attention entropy stays near training's
+        logn = (seen.double().log() / math.log(method.logn_len)).clamp(min=1).float()[:, None]
+    base = Positions(mask, logn, seen.float().log()[:, None] if config.ssmax else None, config.rope_layout)
     if not rope:
         return base
     if dynamic:

@@ -1,6 +1,5 @@
 """Loss by token position at and past the training length, with RoPE scaling applied at inference; writes
-extrapolation.{json,csv,png} into RUN_DIR (or --out) once all is computed. Options and outputs:
-docs/reference.md."""
+extrapolation.{json,csv,png} into RUN_DIR (or --out). Options and outputs: docs/reference.md."""
 import argparse
 import sys
 import time
@@ -19,24 +18,20 @@ from rope import scaling_type
 from runtime import load_run
 
 PROTOCOLS = ("windows", "sliding")
-# the held-out documents, or one half of them: dev (even-numbered files), test (odd)
-DOCS = ("all", "dev", "test")
-DYNAMIC_MODES = ("sequence", "causal")
-BINS = ("linear", "log")
+DOCS = ("all", "dev", "test")  # the held-out documents, or a half: dev (even-numbered files), test (odd)
 
 
-def checked(parse):
-    """An argparse type from one of our parsers: a bad value is its one-line message."""
+def checked(parse, auto=None):  # an argparse type from our parser: a bad value is its one-line message
     def convert(text):
         try:
-            return parse(text)
+            return None if text == auto else parse(text)
         except UserError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return convert
 
 
 def number(name, kind, low, high=None, auto=None):
-    return checked(lambda t: None if t == auto else parse_number(t, name, kind, low, high))
+    return checked(lambda t: parse_number(t, name, kind, low, high), auto)
 
 
 def choice(name, allowed):
@@ -53,7 +48,7 @@ def listed(name, kind, allowed=None):
 
 def multiples(text):
     values = parse_list(text, "lengths", float)
-    if any(m <= 0 for m in values):
+    if min(values) <= 0:
         raise UserError(f"--lengths must be positive multiples of the training length, got {text}")
     return values
 
@@ -71,19 +66,19 @@ OPTIONS = (  # name, default, type, help
     ("tokens", "16384", number("tokens", int, 1), "scored tokens per length and protocol"),
     ("min_units", "2", number("min_units", int, 2), "at least this many windows (or stretches) per length, "
      "where the held-out text has them"),
-    ("bins", "linear", choice("bins", BINS), "position bins: linear or log"),
+    ("bins", "linear", choice("bins", ("linear", "log")), "position bins: linear or log"),
     ("factor", "auto", number("factor", float, 1, MAX_FACTOR, auto="auto"), "auto (eval length / training "
      "length) or one number >= 1 for every length"),
     ("dynamic_factor", None, number("dynamic_factor", float, 1, MAX_FACTOR), "dynamic-ntk's extra NTK "
      "multiplier a (default 1: plain dynamic NTK)"),
     ("pair_factors", None, checked(methods.parse_pairs), methods.PAIRS_OPTION[2]),
-    ("dynamic_modes", None, listed("dynamic_modes", str, DYNAMIC_MODES), "dynamic-ntk's: sequence (one "
-     "forward) and/or causal (exact per position, slow; default sequence)"),
+    ("dynamic_modes", None, listed("dynamic_modes", str, ("sequence", "causal")),
+     "dynamic-ntk's: sequence (one forward) and/or causal (exact per position, slow; default sequence)"),
     ("crop_stride", "auto", number("crop_stride", int, 1, auto="auto"), "crop's truncation windows advance "
      "by this many tokens (auto: L/8; 1: exact, slow)"),
     ("helped_threshold", "2", number("helped_threshold", float, 0), "helped tokens: where some method beats "
      "crop by more than this many nats"),
-    ("plot", "auto", checked(lambda t: None if t == "auto" else parse_methods(t)), "methods drawn in "
+    ("plot", "auto", checked(parse_methods, "auto"), "methods drawn in "
      "extrapolation.png (auto: none, pi, ntk, yarn and the 4 others nearest crop past L)"),
 )
 
@@ -94,18 +89,7 @@ def parse_args(argv):
         p.add_argument(f"--{name}", default=default, type=kind,
                        help=text + ("" if default is None else f" (default {default})"))
     a = p.parse_args(argv)
-    refuse_unused(a)
-    if "windows" not in a.protocols:
-        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows "
-                        "protocol): use --protocols windows,sliding")
-    # as given, so a study can tell how a run was scored
-    return dict(vars(a), **shared_values(a), options=[x for x in argv if x != a.run_dir],
-                dynamic_modes=a.dynamic_modes or ["sequence"], dynamic_factor=a.dynamic_factor or 1.0)
-
-
-def refuse_unused(a):
-    """Options that apply to no method evaluated are refused, not ignored; --plot draws evaluated ones."""
-    names = [m.name for m in a.methods]
+    names = [m.name for m in a.methods]  # an option of no method evaluated is refused, not ignored
     for option, method in (("pair_factors", "pairs"), ("dynamic_factor", "dynamic-ntk"),
                            ("dynamic_modes", "dynamic-ntk")):
         if getattr(a, option) is not None and method not in names:
@@ -118,10 +102,15 @@ def refuse_unused(a):
     if a.plot and (absent := [m for m in a.plot if m not in a.methods]):
         raise UserError(f"--plot {', '.join(absent)}: not in --methods {','.join(a.methods)}; --plot draws "
                         "methods evaluated")
+    if "windows" not in a.protocols:
+        raise UserError("--protocols sliding alone draws no extrapolation.png (it plots the windows "
+                        "protocol): use --protocols windows,sliding")
+    # options: as given, so a study can tell how a run was scored
+    return dict(vars(a), **shared_values(a), options=[x for x in argv if x != a.run_dir],
+                dynamic_modes=a.dynamic_modes or ["sequence"], dynamic_factor=a.dynamic_factor or 1.0)
 
 
-def window_positions(n, protocol, eval_len, stride):
-    """[n]: each target's position in its window under the protocol (the same for every method and unit)."""
+def window_positions(n, protocol, eval_len, stride):  # [n]: each target's position in its window
     if protocol == "sliding":
         plan = sliding_windows(n, eval_len, stride)
         return np.concatenate([np.arange(eval_len - k, eval_len) for _, k in plan])
@@ -135,7 +124,7 @@ def run_grid(model, tokens, docs, args, train_len):
         same = [f"{m:g}" for m, n in zip(args["lengths"], eval_lens) if n == T]
         raise UserError(f"--lengths {' and '.join(same)} are both {T} tokens at training length {train_len}: "
                         "give each length once")
-    # the grid in output order: only dynamic-ntk has modes, its causal one only under windows
+    # in output order: only dynamic-ntk has modes, its causal one only under windows
     modes = {"windows": args["dynamic_modes"], "sliding": ["sequence"]}
     grid = [(p, T, m, mode) for p in args["protocols"] for T in eval_lens for m in args["methods"]
             for mode in (modes[p] if m.name == "dynamic-ntk" else [None])]
@@ -146,7 +135,7 @@ def run_grid(model, tokens, docs, args, train_len):
     units = {(p, T): choose_units(docs, p, T, args["tokens"], args["min_units"], args["seed"])
              for p in args["protocols"] for T in eval_lens}
     crop_stride = args["crop_stride"] or max(1, model.config.block_size // 8)
-    if crop_stride > model.config.block_size:  # crop's targets would see a single token: not truncation to L
+    if crop_stride > model.config.block_size:  # crop's targets would see a single token
         raise UserError(f"--crop_stride {crop_stride} is longer than the run's context "
                         f"{model.config.block_size}: use --crop_stride <= {model.config.block_size} (each "
                         "target keeps at least L - stride + 1 tokens)")
@@ -158,7 +147,7 @@ def run_grid(model, tokens, docs, args, train_len):
         stride = (args["stride"] or T // 2) if protocol == "sliding" else None
         pos_args = forward_args(method, T, train_len, model.config.block_size, factor, mode == "causal")
         t0 = time.time()
-        # crop depends on the units alone: the sliding protocol's lengths share their stretches, so its scores
+        # crop's scores depend on the units alone: lengths with the same units (sliding's) share them
         key = ("crop", pos_args.crop, n, tuple(starts)) if pos_args.crop else (protocol, T, method, mode)
         if not reason and key not in done:
             done[key] = score_units(model, tokens, starts, n, protocol, T, stride, pos_args, crop_stride)
@@ -170,18 +159,16 @@ def run_grid(model, tokens, docs, args, train_len):
     positions = {(p, T): window_positions(units[p, T][0], p, T, args["stride"] or T // 2) for p, T in units}
     summarize_grid(results, scored, positions, train_len, args["bins"], args["helped_threshold"])
     starts = {f"{p} {T}": [int(s) for s in units[p, T][1]] for p, T in units}
-    # each unit's held-out document (the one holding its first token): a study resamples documents, not
-    # windows
+    # each unit's held-out document (holding its first token): a study resamples documents, not windows
     unit_docs = {k: (np.searchsorted(docs[:, 0], v, side="right") - 1).tolist() for k, v in starts.items()}
     return results, starts, unit_docs, crop_stride
 
 
 def extrapolate(args):
     model, ckpt, data_dir, weights = load_run(args["run_dir"], args["device"])
-    # before the computation: a folder that cannot be written fails now
-    claim_output(args["out"], "extrapolation")
+    claim_output(args["out"], "extrapolation")  # a folder that cannot be written fails now
     logs = ckpt["config"].get("wandb_log", False) if args["wandb_log"] is None else args["wandb_log"]
-    if logs:  # a bad wandb setting or run file: one line now, not after the outputs are written
+    if logs:  # a bad wandb setting or run file: one line now, not after the work
         from wandb_runs import ready_to_log
         ready_to_log(args["run_dir"])
     cfg = model.config
@@ -203,14 +190,13 @@ def extrapolate(args):
                   run=ckpt["config"].get("wandb_run_name") or args["run_dir"].name,
                   checkpoint_iter=ckpt["iter_num"], weights_id=weights, options=args["options"],
                   seed=args["seed"], tokens_per_length=args["tokens"], stride=args["stride"] or "half",
-                  bins=args["bins"],
-                  dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
+                  bins=args["bins"], dataset=str(data_dir), docs=args["docs"], crop_stride=crop_stride,
                   crop_context=[cfg.block_size - crop_stride + 1, cfg.block_size],
                   seconds=round(time.time() - t0, 1),
                   seconds_by_method=dict(sorted(spent.items(), key=lambda kv: -kv[1])), units=units,
                   unit_docs=unit_docs, documents=len(docs), dynamic_factor=args["dynamic_factor"],
                   dynamic_modes=args["dynamic_modes"], results=results)
-    from eval.report import write_extrapolation  # the table, figure and CSV: eval/report.py
+    from eval.report import write_extrapolation  # the table, figure and CSV
     write_extrapolation(report, args["out"], args["plot"])
     if logs:
         from wandb_runs import log_extrapolation

@@ -1,6 +1,5 @@
-"""The position methods every command shares, one entry each in METHODS_TABLE (docs/methodology.md; adding
-one: docs/adding_a_method.md): nothing else decides where a method applies, its factor or the PositionArgs it
-builds. Formulas live in rope.py (rope_scaling dicts) and positions.py (masks, attention)."""
+"""The position methods every command shares, one entry each in METHODS_TABLE (adding one:
+docs/adding_a_method.md). Formulas live in rope.py and positions.py."""
 import math
 from typing import Callable, NamedTuple
 
@@ -9,40 +8,36 @@ from model import POS_EMBS
 from positions import SINKS, PositionArgs
 from rope import ORIGINAL, YARN_BETAS
 
-# RELATIVE: positions enter attention only: a mask moves them
-ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")
-BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L: what the regime study tunes
-# settings that count tokens (or a group size, a slowdown): the rest are numbers
-INTEGER = ("window", "group", "k")
+ROPE, RELATIVE = ("rope",), ("rope", "alibi", "none")  # RELATIVE: positions enter attention only
+BETAS = ("beta_fast", "beta_slow")  # YaRN's ramp, in rotations over L
+INTEGER = ("window", "group", "k")  # settings that count tokens (or a group, a slowdown); others are numbers
 
 
 class Entry(NamedTuple):
     encodings: tuple  # the pos_emb values it applies to
-    # its factor: "ratio" (default length / L, never below 1), "multiplier" (transformers' dynamic a, default
-    # 1: the scale follows the length by itself), "per pair" (a list, no default) or None (it takes none)
+    # "ratio" (default length / L, never below 1), "multiplier" (transformers' dynamic a, default 1: the scale
+    # follows the length by itself), "per pair" (a list, no default) or None
     factor: str | None
     positions: Callable  # Inputs -> the fields of its PositionArgs
-    # what a user may set, as name:key=value (yarn:beta_fast=4); unset: the method's rule
-    settings: tuple = ()
-    default: bool = True  # in --methods' default list
-    shortest: int = 1  # the shortest trained context (block_size) it can score with: its window's, or sinks'
+    settings: tuple = ()  # what a user may set, as name:key=value (yarn:beta_fast=4); unset: its rule
+    default: bool = True  # in the default --methods
+    shortest: int = 1  # the shortest block_size it can score with (its window's, or sinks')
 
 
 class Inputs(NamedTuple):  # what a method's positions may depend on
     factor: float | list | None
     L: int  # the original training length it scales from
-    # the run's own (a fine-tune's block_size): the longest context its weights saw, which crop keeps
-    run_len: int
-    length: int  # the length scored
-    settings: dict  # as given (name:key=value)
+    run_len: int  # the run's own block_size: the longest context its weights saw, which crop keeps
+    length: int  # scored
+    settings: dict
 
 
 def yarn(a, **keys):
     return {"rope_scaling": {"rope_type": "yarn", "factor": a.factor, ORIGINAL: a.L, **a.settings, **keys}}
 
 
-def scaling(rope_type, **keys):
-    return lambda a: {"rope_scaling": {"rope_type": rope_type, "factor": a.factor, **keys}}
+def scaling(a, rope_type, **keys):
+    return {"rope_scaling": {"rope_type": rope_type, "factor": a.factor, **keys}}
 
 
 def near(a):  # Self-Extend's and ReRoPE's window of exact distances: half the trained context unless set
@@ -50,14 +45,14 @@ def near(a):  # Self-Extend's and ReRoPE's window of exact distances: half the t
 
 
 def self_extend_group(length, run_len, window):
-    """Self-Extend's group size: the smallest G whose largest grouped distance (length - 1) // G + W - W // G
-    is one the model was trained on (< run_len), as Jin et al. choose G for a target length."""
+    # Self-Extend's group size: the smallest G whose largest grouped distance (length - 1) // G + W - W // G
+    # the model was trained on (< run_len), as Jin et al. choose G for a target length
     return next((g for g in range(1, length + 1) if (length - 1) // g + window - window // g < run_len), 1)
 
 
 def leaky_k(length, run_len, window):
-    """Leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, is
-    one the model was trained on (at most run_len - 1)."""
+    # leaky ReRoPE's slowdown: the smallest k whose largest distance, window + (length - 1 - window) / k, the
+    # model was trained on (at most run_len - 1)
     return max(1, math.ceil((length - 1 - window) / (run_len - 1 - window))) if length > run_len else 1
 
 
@@ -75,48 +70,40 @@ def pairs(a):  # LongRoPE's per-pair factors, the same at every length and no te
 
 
 METHODS_TABLE = {
-    # the model as trained (with its own rope_scaling, if it had one)
     "none": Entry(POS_EMBS, None, lambda a: {}),
     "crop": Entry(POS_EMBS, None, lambda a: {"crop": a.run_len}),  # truncation to the last run_len tokens
-    # sliding-window attention: the last run_len
-    "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),
-    # the first SINKS tokens and the last run_len - SINKS
+    "window": Entry(RELATIVE, None, lambda a: {"window": a.run_len}),  # sliding window: the last run_len
     "sinks": Entry(RELATIVE, None, lambda a: {"window": a.run_len, "sinks": min(SINKS, a.run_len - 1)},
                    shortest=SINKS + 1),
-    "pi": Entry(ROPE, "ratio", scaling("linear")),
-    "ntk": Entry(ROPE, "ratio", scaling("ntk")),
-    "dynamic-ntk": Entry(ROPE, "multiplier", lambda a: scaling("dynamic", **{ORIGINAL: a.L})(a)),
+    "pi": Entry(ROPE, "ratio", lambda a: scaling(a, "linear")),
+    "ntk": Entry(ROPE, "ratio", lambda a: scaling(a, "ntk")),
+    "dynamic-ntk": Entry(ROPE, "multiplier", lambda a: scaling(a, "dynamic", **{ORIGINAL: a.L})),
     "yarn": Entry(ROPE, "ratio", yarn, BETAS),
-    # YaRN, no temperature
     "ntk-by-parts": Entry(ROPE, "ratio", lambda a: yarn(a, attention_factor=1.0), BETAS),
-    "llama3": Entry(ROPE, "ratio", lambda a: scaling("llama3", **{ORIGINAL: a.L}, low_freq_factor=1.0,
-                                                     high_freq_factor=4.0)(a)),
+    "llama3": Entry(ROPE, "ratio", lambda a: scaling(a, "llama3", **{ORIGINAL: a.L}, low_freq_factor=1.0,
+                                                     high_freq_factor=4.0)),
     "logn": Entry(POS_EMBS, None, lambda a: {"logn_len": a.L}),
-    "ntk+logn": Entry(ROPE, "ratio", lambda a: {**scaling("ntk")(a), "logn_len": a.L}),
+    "ntk+logn": Entry(ROPE, "ratio", lambda a: {**scaling(a, "ntk"), "logn_len": a.L}),
     # exact distances below half the trained context, beyond it grouped (Self-Extend) or all at that half
     "self-extend": Entry(ROPE, None, self_extend, ("window", "group"), shortest=2),
     "rerope": Entry(ROPE, None, lambda a: {"extend": (near(a), None)}, ("window",), shortest=2),
-    # truncation to the last train_len tokens: a fine-tune's own positive control (crop, before a fine-tune)
+    # truncation to the last train_len tokens: a fine-tune's own positive control
     "crop-L": Entry(POS_EMBS, None, lambda a: {"crop": a.L}, default=False),
     "leaky-rerope": Entry(ROPE, None, leaky_rerope, ("window", "k"), default=False, shortest=3),
     "pairs": Entry(ROPE, "per pair", pairs, default=False),  # scale only the pairs you choose
 }
 METHODS = tuple(METHODS_TABLE)
-# the default list (pairs needs --pair_factors)
 FIXED = tuple(m for m, e in METHODS_TABLE.items() if e.default)
 MASKS = tuple(m for m, e in METHODS_TABLE.items() if e.encodings == RELATIVE)  # masks over positions past L
 
 
-class MethodSpec(str):
-    """A method as given ('yarn:beta_fast=4'), parsed and checked once where it comes in (method_spec): its
-    name, its settings ({'beta_fast': 4.0}) and its METHODS_TABLE entry. A str, so reports keep the text."""
+class MethodSpec(str):  # a method as given ('yarn:beta_fast=4'), parsed once; a str, so reports keep the text
     name: str
     settings: dict
     entry: Entry
 
 
-def method_spec(text):
-    """The MethodSpec of a name with its settings, each known, once, in range (a MethodSpec passes as is)."""
+def method_spec(text):  # a MethodSpec passes as is
     if isinstance(text, MethodSpec):
         return text
     name, *pairs = text.split(":")
@@ -143,8 +130,7 @@ def method_spec(text):
     return spec
 
 
-def parse_methods(text):
-    """--methods as given: MethodSpecs, repeats dropped."""
+def parse_methods(text):  # repeats dropped
     specs = [t.strip() for t in text.split(",") if t.strip()]
     if not specs:
         raise UserError("--methods is empty")
@@ -152,12 +138,10 @@ def parse_methods(text):
 
 
 def applicable(methods, pos_emb):
-    """The methods that apply to an encoding, in the order given."""
     return [m for m in methods if pos_emb in method_spec(m).entry.encodings]
 
 
-def usable(names, pos_emb):
-    """The methods of `names` that apply to the encoding, saying which do not; none left: a one-line error."""
+def usable(names, pos_emb):  # those that apply, saying which do not; none left: a one-line error
     applying = applicable(names, pos_emb)
     if dropped := [m for m in names if m not in applying]:
         note = f"pos_emb={pos_emb}: {', '.join(dropped)} do not apply"
@@ -168,19 +152,15 @@ def usable(names, pos_emb):
 
 
 def method_factor(method, length, train_len, factor=None):
-    """The factor in the method's arguments at `length` tokens (Entry.factor): None where it takes none; else
-    the one pinned (`factor`), or its default."""
+    # Entry.factor's at `length` tokens: the one pinned, or its default
     kind = method_spec(method).entry.factor
     if kind == "ratio":
         return factor or max(1.0, length / train_len)
-    # per pair: a list, checked by check_pairs
     return {"multiplier": factor or 1.0, "per pair": factor}.get(kind)
 
 
 def forward_args(method, length, train_len, run_len, factor=None, causal=False):
-    """The PositionArgs of a method over `length` tokens. train_len: the length the methods scale from
-    (GPTConfig.train_len); run_len: the run's own block_size, which crop keeps; factor: pinned instead of
-    method_factor's default; causal: dynamic scaling exact per position."""
+    # train_len: the length methods scale from; run_len: the run's own block_size, which crop keeps
     spec = method_spec(method)
     inputs = Inputs(method_factor(spec, length, train_len, factor), train_len, run_len, length, spec.settings)
     return PositionArgs(causal_dynamic=causal, **spec.entry.positions(inputs))
@@ -189,25 +169,20 @@ def forward_args(method, length, train_len, run_len, factor=None, causal=False):
 PAIRS_OPTION = ("pair_factors", None, "the method pairs' factors, one >= 1 per frequency pair, fastest first")
 
 
-def parse_pairs(text):
-    """--pair_factors as given: a list of numbers >= 1 (None if not given), repeats kept."""
+def parse_pairs(text):  # repeats kept
     if text is not None:
         return [parse_number(t, "pair_factors", float, 1, MAX_FACTOR) for t in text.split(",")]
 
 
-def check_pairs(factors, config):
-    """--pair_factors for the method pairs: one factor >= 1 per rotating frequency pair, fastest first."""
+def check_pairs(factors, config):  # parse_pairs' (each >= 1; the commands refuse none): one per pair
     n = config.rotary_dim // 2
-    if factors is None:
-        raise UserError(f"--methods pairs needs --pair_factors: {n} factors >= 1, one per frequency pair, "
-                        "fastest first")
-    if len(factors) != n or min(factors) < 1:
+    if len(factors) != n:
         raise UserError(f"--pair_factors has {len(factors)} factors, smallest {min(factors):g}; this model "
                         f"has {n} frequency pairs: give {n} factors >= 1, fastest pair first")
 
 
 def unavailable(config, method, length):
-    """Why a method cannot score `length` tokens on a model, or None: an explicit check, no caught error."""
+    # why a method cannot score `length` tokens on a model, or None
     spec, pos_emb = method_spec(method), config.pos_emb
     if not applicable([spec], pos_emb):
         what = "masks relative positions" if spec.name in MASKS else "rescales RoPE"
@@ -225,8 +200,7 @@ def unavailable(config, method, length):
 
 
 def reasons(config, cells):
-    """unavailable for each (method, tokens) cell a command would score; if no cell can be scored, a one-line
-    error before anything is computed or written (every command decides "nothing to evaluate" here)."""
+    # unavailable per (method, tokens) cell; none scorable: every command's one-line error, before any work
     why = [unavailable(config, method, n) for method, n in cells]
     if cells and all(why):
         raise UserError(f"nothing to evaluate: {cells[0][0]} at {cells[0][1]} tokens: {why[0]}")

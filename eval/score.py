@@ -1,5 +1,4 @@
-"""The one shared way to score held-out text token by token (a run loaded by runtime.load_run): every
-evaluation goes through score_rows, so "the loss at position p" means the same thing everywhere."""
+"""Every evaluation scores through score_rows, so "the loss at position p" means the same thing everywhere."""
 import math
 
 import numpy as np
@@ -13,17 +12,14 @@ from runtime import autocast
 
 
 def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=None, method=AS_TRAINED):
-    """Per-position NLL [len(starts), last or length] of the windows tokens[s:s+length+1] (score_rows)."""
     rows = np.stack([tokens[s:s + length + 1] for s in starts])  # starts from doc_windows: they fit
     return score_rows(model, rows, tokens_per_batch, last, method)[0]
 
 
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED):
-    """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of token rows
-    [N, n+1], each row from position 0, in batches <= tokens_per_batch, under a positions.PositionArgs. Its
-    crop is done here, for every command: rows longer than crop are cut to their last crop tokens, and only
-    their targets (m <= crop) scored."""
+    """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of rows
+    [N, n+1]. crop is done here, for every command: a row is cut to its last crop tokens."""
     rows = np.asarray(rows, dtype=np.int64)
     if method.crop and rows.shape[1] - 1 > method.crop:
         rows, last = rows[:, -(method.crop + 1):], min(last or method.crop, method.crop)
@@ -35,7 +31,7 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED
         with autocast("auto", device.type)[1]:  # bf16 on CUDA if supported, float32 on CPU
             # the head only over the targets asked for: a strided crop reads few of them
             logits, _ = model(chunk[:, :-1], last=m, method=method)
-        y = chunk[:, -m:]  # per token, in float32 (as the model's own loss): positions are the point
+        y = chunk[:, -m:]  # per token, in float32 as the model's own loss
         loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
         nll[i:i + len(chunk)] = loss.double().cpu().numpy()
         hit[i:i + len(chunk)] = (logits.argmax(-1) == y).cpu().numpy()
@@ -43,7 +39,7 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED
 
 
 def sliding_windows(n, length, stride):
-    """(start in a stretch of n tokens, last targets scored) per sliding window: every target once."""
+    # (start in a stretch of n tokens, last targets scored) per sliding window: every target once
     if not 1 <= stride <= length <= n:
         raise UserError(f"sliding protocol needs 1 <= stride <= length <= stretch, got stride {stride}, "
                          f"length {length}, stretch {n}")
@@ -52,8 +48,7 @@ def sliding_windows(n, length, stride):
 
 
 def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
-    """NLL [n] of targets tokens[start+1 .. start+n], each scored once (sliding_windows)."""
-    # the first window scores all its targets, the others their last
+    # NLL [n] of targets tokens[start+1 .. start+n]: the first window scores all its targets, others the last
     plan = sliding_windows(n, length, stride)
     later = [start + s for s, _ in plan[1:]]
     nll = [*score_windows(model, tokens, [start + plan[0][0]], length, method=method),
@@ -62,8 +57,7 @@ def score_sliding(model, tokens, start, n, length, stride, method=AS_TRAINED):
 
 
 def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
-    """(unit length, starts) at one length, the same for every method: windows, or sliding stretches of >= 2
-    windows."""
+    # (unit length, starts) for every method: windows, or sliding stretches of >= 2 windows
     longest = int((docs[:, 1] - docs[:, 0]).max()) - 1 if len(docs) else 0  # room for the shifted target
     n = eval_len if protocol == "windows" else max(eval_len, min(max(2 * eval_len, tokens // 4), longest))
     try:
@@ -73,7 +67,7 @@ def choose_units(docs, protocol, eval_len, tokens, min_units, seed):
 
 
 def score_units(model, tokens, starts, n, protocol, eval_len, stride, method, crop_stride):
-    """NLL [units, n] of every target of every unit, in order, under a positions.PositionArgs."""
+    # NLL [units, n] of every target of every unit, in order
     if method.crop:  # truncation of every target: windows of crop at positions 0.., crop_stride apart
         crop, stride = min(method.crop, n), min(crop_stride, method.crop, n)
         return np.stack([score_sliding(model, tokens, s, n, crop, stride) for s in starts])
