@@ -145,11 +145,12 @@ def yarn_protocol(model, tokens, docs, L, rotary_dim, lengths, methods, crops):
     return out
 
 
-def members(path, seeds):
-    """[(L model, its 4L fine-tune or None)] per seed: a rung folder's code_small_seed<k> and code_yarn4x_seed<k>, or
-    one run folder alone (a converted pretrained model's too)."""
+def members(path, seeds, tuned=True):
+    """[(L model, its 4L fine-tune or None)] per seed: a rung folder's code_small_seed<k> and code_yarn4x_seed<k> (tuned
+    False: only YaRN's protocol reads the fine-tune, so none is needed), or one run folder alone (a converted pretrained
+    model's too)."""
     if (path / "code_small_seed0").is_dir():
-        pairs = [(path / f"code_small_seed{k}", path / f"code_yarn4x_seed{k}") for k in range(seeds)]
+        pairs = [(path / f"code_small_seed{k}", path / f"code_yarn4x_seed{k}" if tuned else None) for k in range(seeds)]
     else:
         pairs = [(path, None)]
     for run in (r for pair in pairs for r in pair if r is not None):  # hashed once, later, by evaluate_seed
@@ -159,18 +160,27 @@ def members(path, seeds):
     return pairs
 
 
+def half_tune(small):
+    """The seed's s = 2 YaRN fine-tune at 2L (code_yarn2x_seed<k>, the published model's s), where it was trained."""
+    run = small.parent / small.name.replace("code_small", "code_yarn2x")
+    return run if run != small and (run / "ckpt.pt").is_file() else None
+
+
 def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     """The chosen protocols' per-unit readings for one L model (and YaRN's on its fine-tune, if any), reused from
     small/protocols_<docs>.json while the weights and options are the same."""
     model, _, data_dir, small_id = load_run(small, device)
     tuned_model, _, _, tuned_id = load_run(tuned, device) if tuned else (None, None, None, None)
+    half = half_tune(small) if tuned and "yarn" in chosen else None
+    half_model, _, _, half_id = load_run(half, device) if half else (None, None, None, None)
     L = model.config.train_len
     # NTK-mixed's pairs are the rotating ones: a partial rotary factor (Pythia's 0.25) leaves the rest unrotated
     rotary_dim = model.config.rotary_dim
     units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
     ids = dict(version=3, small=small_id, tuned=tuned_id, docs=docs_name, units=units_n,
+               **({"half": half_id} if half else {}),
                **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key
-    cache = small / f"protocols_{docs_name}.json"
+    cache = small / f"protocols_{docs_name}{''.join('_' + x for x in ids.get('protocols', []))}.json"
     if cache.is_file() and (done := json.loads(cache.read_text())).get("ids") == ids:
         return done
     print(f"protocols: {small} on {docs_name}", flush=True)
@@ -201,6 +211,9 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
         if tuned is not None:
             result["yarn_tuned"] = yarn_protocol(tuned_model, tokens, long_docs, L, rotary_dim, (1, 2, 4, 5), ("none",),
                                                  {"crop": tuned_model.config.block_size, "crop-L": L})
+        if half is not None:  # F = 2L: F/4, F/2, F and 1.25F are L/2, L, 2L and 2.5L
+            result["yarn_half"] = yarn_protocol(half_model, tokens, long_docs, L, rotary_dim, (0.5, 1, 2, 2.5), ("none",),
+                                                {"crop": half_model.config.block_size, "crop-L": L})
     result = json_ready(result)
     write_atomic(cache, lambda f: f.write((json_text(result) + "\n").encode()))
     return result
@@ -387,7 +400,9 @@ def yarn_section(rung, results):
     ppl = lambda v: [math.exp(np.mean(x)) for x in v]
     lines = [f"### YaRN's protocol (documents truncated, one window from 0), rung {rung}\n",
              "Perplexity; F, the fine-tuned length (published 8k with s = 2, so its F/2 is the base model's length; the "
-             "testbed's fine-tune is s = 4, F = 4L, so its F/4 is L: the columns align by F, not by the base length). The "
+             "testbed's s = 4 fine-tune has F = 4L, so its F/4 is L and its columns align by F, not by the base length; "
+             "its s = 2 fine-tune, where trained, aligns by both). Cells marked = equal the row's fine-tune by "
+             "construction (no crop window is shorter than the input) and are not measurements. The "
              "testbed's documents are those of at least 5L + 1 tokens, each cut at its start. Every window starts at "
              "the document's start, so a shorter window holds more targets with little context: the curve falls with "
              "the length partly by dilution, which exact crop's own curve (below) shows without any context past L.\n",
@@ -400,6 +415,14 @@ def yarn_section(rung, results):
         lines.append("| its exact crop to 4L | = the ceiling (no window is longer) | = | = | "
                      + cell(ppl(tuned["crop@5L"])) + " |")
         lines.append("| its exact crop to L | " + " | ".join(cell(ppl(tuned[f"crop-L@{k}L"])) for k in (1, 2, 4, 5)) + " |")
+    if "yarn_half" in results[0]:  # the published model's s: its columns align by F and by the base length
+        half = per_unit(results, "yarn_half")
+        lines.append("| the s = 2 fine-tune at F = 2L | "
+                     + " | ".join(cell(ppl(half[f"none@{k:g}L"])) for k in (0.5, 1, 2, 2.5)) + " |")
+        lines.append("| its exact crop to 2L | = the fine-tune (no window is longer) | = | = | "
+                     + cell(ppl(half["crop@2.5L"])) + " |")
+        lines.append("| its exact crop to L | = | = | " + " | ".join(cell(ppl(half[f"crop-L@{k:g}L"])) for k in (2, 2.5))
+                     + " |")
     lines += ["", "Zero-shot on the L model in the same protocol (factor k at kL), perplexity:\n",
               "| row | L | 2L | 4L |", "| --- | ---: | ---: | ---: |"]
     for row in ("none", "pi", "ntk", "yarn", "crop"):
@@ -497,7 +520,7 @@ def metrics(per_rung):
     Press's and YaRN's readings."""
     out = {}
     for rung, results in per_rung.items():
-        for name in ("su", "press", "yarn_tuned", "yarn_zero_shot"):
+        for name in ("su", "press", "yarn_tuned", "yarn_half", "yarn_zero_shot"):
             if name in results[0]:
                 out.update({key("protocols", rung, name, row): float(np.mean(v))
                             for row, v in per_unit(results, name).items()})
@@ -528,7 +551,7 @@ def main(argv):
     seeds = parse_number(a.seeds, "seeds", int, 1)
     units = None if a.units == "auto" else parse_number(a.units, "units", int, 2)
     wandb_log, device = shared_values(a)["wandb_log"], shared_values(a)["device"]
-    runs = {Path(r).name: members(Path(r), seeds) for r in a.rungs}
+    runs = {Path(r).name: members(Path(r), seeds, "yarn" in chosen) for r in a.rungs}
     if len(runs) < len(a.rungs):
         raise UserError(f"two rungs share a folder name in {' '.join(a.rungs)}: the page names rungs by it")
     out = claim_output(a.out, "shapes")
@@ -597,6 +620,11 @@ def other_holds(results):
         parts = [(ci(tuned["none@4L"] - tuned["none@1L"], results, False), True),
                  (ci(tuned["none@5L"] - tuned["none@4L"], results, False), False)]
         out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = weakest(parts)
+    if "yarn_half" in first:
+        half = per_unit(results, "yarn_half")
+        parts = [(ci(half["none@2L"] - half["none@0.5L"], results, False), True),
+                 (ci(half["none@2.5L"] - half["none@2L"], results, False), False)]
+        out["jquesnelle/yarn", "the same, the s = 2 fine-tune (F = 2L)"] = weakest(parts)
     if "press" in first:
         press, su = per_unit(results, "press"), per_unit(results, "su")
         out["Press et al. 2022", "RoPE as trained: whole windows of 2L above L"] = (

@@ -127,6 +127,9 @@ def rung(tmp_path_factory):
     train.main([f"--{k}={v}" for k, v in dict(common, out_dir=folder / "code_yarn4x_seed0", block_size=4 * L,
                                                      init_from=folder / "code_small_seed0", lr_decay_iters=6).items()]
                + [f"--rope_scaling={{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': {L}}}"])
+    train.main([f"--{k}={v}" for k, v in dict(common, out_dir=folder / "code_yarn2x_seed0", block_size=2 * L,
+                                                     init_from=folder / "code_small_seed0", lr_decay_iters=6).items()]
+               + [f"--rope_scaling={{'rope_type': 'yarn', 'factor': 2.0, 'original_max_position_embeddings': {L}}}"])
     return folder
 
 
@@ -142,12 +145,16 @@ def unigram(run):
 def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, tmp_path, wandb_dir):
     protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--no-wandb", "--out", str(tmp_path / "page")])
     page = (tmp_path / "page" / "shapes.md").read_text()
-    for published in ("1.4996 / 1.4267 / 1.4001", "3.356", "20.07", "48.85 / 82.40", "own-document control"):
+    for published in ("1.4996 / 1.4267 / 1.4001", "3.356", "20.07", "48.85 / 82.40", "own-document control",
+                      "the s = 2 fine-tune at F = 2L", "the same, the s = 2 fine-tune"):
         assert published in page
     result = json.loads((rung / "code_small_seed0" / "protocols_test.json").read_text())
+    half = result["yarn_half"]
+    assert half["crop@2L"] == half["none@2L"] and half["crop@2.5L"] != half["none@2.5L"]  # crop to F = 2L reaches past F only
+    assert half["crop-L@1L"] == half["none@1L"] and half["crop-L@2L"] != half["none@2L"]
     same = result["bojone"]["same"]
     assert not np.allclose(same["none@1L"], same["crop"])  # a trained model: the whole window is not crop
-    for run in ("code_small_seed0", "code_yarn4x_seed0"):
+    for run in ("code_small_seed0", "code_yarn4x_seed0", "code_yarn2x_seed0"):
         unigram(rung / run)
     protocols.main([str(rung), "--seeds", "1", "--units", "6", "--docs", "test", "--out", str(tmp_path / "zero")])
     result = json.loads((rung / "code_small_seed0" / "protocols_test.json").read_text())  # new weights: computed again
@@ -165,6 +172,8 @@ def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, t
     su = result["su"]
     assert su["none@8L/repeated"] == pytest.approx(su["crop@8L/repeated"])
     assert su["rerope:window=8@8L/repeated"] == pytest.approx(su["crop@8L/repeated"])
+    for k in (0.5, 1, 2, 2.5):
+        assert result["yarn_half"][f"crop-L@{k:g}L"] == pytest.approx(result["yarn_half"][f"none@{k:g}L"], abs=1e-5)
     for row, values in result["press"].items():
         assert np.mean(values) == pytest.approx(np.mean(result["press"]["crop"]), abs=1e-5), row
 
@@ -172,9 +181,16 @@ def test_every_protocol_runs_and_a_context_free_model_decomposes_to_zero(rung, t
 def test_one_run_alone_reads_the_protocols_asked_for(rung, tmp_path):
     run = rung / "code_small_seed0"
     protocols.main([str(run), "--protocols", "bojone", "--units", "6", "--no-wandb", "--out", str(tmp_path / "one")])
-    result = json.loads((run / "protocols_test.json").read_text())
+    result = json.loads((run / "protocols_test_bojone.json").read_text())  # a subset's own cache
     assert set(result) == {"ids", "L", "units", "unit_docs", "bojone"} and result["ids"]["protocols"] == ["bojone"]
     page = (tmp_path / "one" / "shapes.md").read_text()
     assert "bojone/rerope's protocol" in page and "YaRN's protocol" not in page
     with pytest.raises(UserError, match="holds no checkpoint: train it first .* or convert a model folder"):
         protocols.main([str(tmp_path), "--no-wandb", "--out", str(tmp_path / "none")])
+    lone = tmp_path / "L16"  # a rung without its fine-tunes: bojone's protocol reads the L model alone
+    lone.mkdir()
+    (lone / "code_small_seed0").symlink_to(run)
+    protocols.main([str(lone), "--seeds", "1", "--protocols", "bojone", "--units", "6", "--no-wandb", "--out",
+                    str(tmp_path / "lone")])
+    with pytest.raises(UserError, match="code_yarn4x_seed0 holds no checkpoint"):
+        protocols.main([str(lone), "--seeds", "1", "--protocols", "yarn", "--no-wandb", "--out", str(tmp_path / "y")])
