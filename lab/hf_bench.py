@@ -33,7 +33,8 @@ def hf_model(folder, method, s, L):
     theta = config.rope_parameters["rope_theta"]
     if (scaling := HF[method](s, L)) is not None:
         config.rope_parameters = {"rope_theta": theta, **scaling}
-    config.max_position_embeddings = max(config.max_position_embeddings, round(s * L))
+    if method != "dynamic-ntk":  # transformers' dynamic takes its original length from max_position_embeddings
+        config.max_position_embeddings = max(config.max_position_embeddings, round(s * L))
     return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
 
 

@@ -137,6 +137,18 @@ def test_each_rope_scaling_gives_transformers_nll_by_position(tmp_path, family, 
     assert (got - want).abs().max() < 1e-4
 
 
+
+@pytest.mark.parametrize("method", ["none", "pi", "yarn", "dynamic-ntk"])
+def test_the_benchmark_reads_each_method_as_transformers_does(tmp_path, method):
+    """lab/hf_bench.py's two readings of a method at 2x (the GPT's, transformers' rope_parameters) agree, so its
+    timings compare the same computation."""
+    from lab import hf_bench
+    hf_model(tmp_path / "m", "llama")
+    run, threads = converted(tmp_path / "m"), torch.get_num_threads()
+    (_, _, got), (_, _, want) = (hf_bench.read(impl, tmp_path / "m", run, method, 2, threads) for impl in ("gpt", "hf"))
+    assert len(got) == 64 and np.abs(got - want).max() < 1e-4
+
+
 # ----------------------------------------------------------------------------- what is refused, in one line
 
 def refused(folder):
