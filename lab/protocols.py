@@ -177,7 +177,7 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
     # NTK-mixed's pairs are the rotating ones: a partial rotary factor (Pythia's 0.25) leaves the rest unrotated
     rotary_dim = model.config.rotary_dim
     units_n = units_n or max(16, 2048 // L)  # auto: the same 16k targets at every L, at least 16 units
-    ids = dict(version=3, small=small_id, tuned=tuned_id, docs=docs_name, units=units_n,
+    ids = dict(version=4, small=small_id, tuned=tuned_id, docs=docs_name, units=units_n,
                **({"half": half_id} if half else {}),
                **({} if chosen == list(PROTOCOLS) else {"protocols": chosen}))  # a subset is part of the key
     cache = small / f"protocols_{docs_name}{''.join('_' + x for x in ids.get('protocols', []))}.json"
@@ -193,7 +193,7 @@ def evaluate_seed(small, tuned, docs_name, units_n, chosen, device):
                             f"(the longest has {int((docs[:, 1] - docs[:, 0]).max())}), and YaRN's protocol reads each "
                             "one's first 5L + 1: use a corpus with longer documents, or --protocols without yarn")
         long_docs = long_docs[np.sort(np.random.default_rng(0).permutation(len(long_docs))[:units_n])]
-    reach = 8 * L if {"press", "su"} & set(chosen) else 4 * L  # the unit: as long as the longest reading needs
+    reach = 8 * L if {"press", "su", "bojone"} & set(chosen) else 4 * L  # the longest reading: the own-document arm 4L back
     lead, units, unit_docs = draw_units(tokens, docs, L, reach, units_n)
     result = dict(ids=ids, L=L, units=len(units), unit_docs=unit_docs.tolist())
     if "bojone" in chosen:

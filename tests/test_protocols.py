@@ -183,6 +183,7 @@ def test_one_run_alone_reads_the_protocols_asked_for(rung, tmp_path):
     protocols.main([str(run), "--protocols", "bojone", "--units", "6", "--no-wandb", "--out", str(tmp_path / "one")])
     result = json.loads((run / "protocols_test_bojone.json").read_text())  # a subset's own cache
     assert set(result) == {"ids", "L", "units", "unit_docs", "bojone"} and result["ids"]["protocols"] == ["bojone"]
+    assert set(result["bojone"]) == {"same", "swapped", "own document"}  # the control's text lies 4L further back
     page = (tmp_path / "one" / "shapes.md").read_text()
     assert "bojone/rerope's protocol" in page and "YaRN's protocol" not in page
     with pytest.raises(UserError, match="holds no checkpoint: train it first .* or convert a model folder"):
