@@ -415,7 +415,7 @@ def yarn_section(rung, results):
         lines.append("| its exact crop to 4L | = the ceiling (no window is longer) | = | = | "
                      + cell(ppl(tuned["crop@5L"])) + " |")
         lines.append("| its exact crop to L | " + " | ".join(cell(ppl(tuned[f"crop-L@{k}L"])) for k in (1, 2, 4, 5)) + " |")
-    if "yarn_half" in results[0]:  # the published model's s: its columns align by F and by the base length
+    if all("yarn_half" in r for r in results):  # the published model's s: its columns align by F and base length
         half = per_unit(results, "yarn_half")
         lines.append("| the s = 2 fine-tune at F = 2L | "
                      + " | ".join(cell(ppl(half[f"none@{k:g}L"])) for k in (0.5, 1, 2, 2.5)) + " |")
@@ -521,7 +521,7 @@ def metrics(per_rung):
     out = {}
     for rung, results in per_rung.items():
         for name in ("su", "press", "yarn_tuned", "yarn_half", "yarn_zero_shot"):
-            if name in results[0]:
+            if all(name in r for r in results):
                 out.update({key("protocols", rung, name, row): float(np.mean(v))
                             for row, v in per_unit(results, name).items()})
         if "bojone" not in results[0]:
@@ -620,7 +620,7 @@ def other_holds(results):
         parts = [(ci(tuned["none@4L"] - tuned["none@1L"], results, False), True),
                  (ci(tuned["none@5L"] - tuned["none@4L"], results, False), False)]
         out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = weakest(parts)
-    if "yarn_half" in first:
+    if all("yarn_half" in r for r in results):  # every seed's s = 2 fine-tune trained
         half = per_unit(results, "yarn_half")
         parts = [(ci(half["none@2L"] - half["none@0.5L"], results, False), True),
                  (ci(half["none@2.5L"] - half["none@2L"], results, False), False)]
