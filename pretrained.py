@@ -24,7 +24,8 @@ from data.dataset import check_tokenizer
 from data.tokenizer import (BOOL, DICT, POSITIVE, REQUIRED, TEXT, checked, folder_tokenizer, gguf_metadata,
                             gguf_tokenizer, integer, number, read_gguf, read_json)
 from rope import ORIGINAL, scaling_type
-from runfolder import claim_run, run_files
+from model import GPT
+from runfolder import checkpoint_config, claim_run, run_files
 
 FAMILIES = ("gpt_neox", "llama", "qwen2", "mistral")
 SUPPORTED = "GPT-NeoX (Pythia), Llama, Qwen2 and Mistral in the Hugging Face layout, Llama as GGUF"
@@ -375,6 +376,28 @@ def gguf_weights(reader, config, where):
 
 
 # ----------------------------------------------------------------------------- the folder as a run folder
+
+def converted_model(ckpt):  # runtime.model_from_checkpoint's, for a checkpoint this module wrote
+    with torch.device("meta"):  # no random init of weights about to be replaced (billions of draws at 7B)
+        model = GPT(checkpoint_config(ckpt))
+    # in float32 as a trained run's, each file tensor let go as its copy replaces it
+    weights = ckpt["model"]
+    for name in weights:
+        weights[name] = weights[name].float()
+    model.load_state_dict(weights, assign=True)
+    if model.config.tie_embeddings:  # assign gave the embedding and the head a Parameter each: one again
+        model.transformer.wte.weight = model.lm_head.weight
+    return model
+
+
+def converted_text(ckpt, run_dir):  # runtime.load_run's: (how to prepare its text, its tokenizer)
+    record = ckpt["pretrained"]
+    fix = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
+           f"python pretrained.py {record['folder']} --out NEW_RUN --dataset NAME")
+    if ckpt["config"]["dataset"] is None:
+        raise UserError(f"{run_dir} was converted with no held-out text: {fix}")
+    return fix, record["tokenizer"]
+
 
 def held_out_text(dataset, tokenizer, folder):
     """dataset as a run records it (a name under data/, else an absolute path), checked to be prepared with

@@ -33,17 +33,9 @@ def throughput(tokens, seconds, flops_per_token, peak, world):  # of all the wor
 
 def model_from_checkpoint(ckpt, config=None):
     """The checkpoint's model (config: a fine-tune's GPTConfig, instead of its own)."""
-    if "pretrained" in ckpt:  # no random init of weights about to be replaced (billions of draws at 7B)
-        with torch.device("meta"):
-            model = GPT(checkpoint_config(ckpt))
-        # in float32 as a trained run's, each file tensor let go as its copy replaces it
-        weights = ckpt["model"]
-        for name in weights:
-            weights[name] = weights[name].float()
-        model.load_state_dict(weights, assign=True)
-        if model.config.tie_embeddings:  # assign gave the embedding and the head a Parameter each: one again
-            model.transformer.wte.weight = model.lm_head.weight
-        return model
+    if "pretrained" in ckpt:  # a converted model (pretrained.py)
+        from pretrained import converted_model
+        return converted_model(ckpt)
     model = GPT(config or checkpoint_config(ckpt))
     try:
         model.load_state_dict(ckpt["model"])
@@ -57,11 +49,8 @@ def load_run(run_dir, device="cpu"):
     """(model in eval mode on device, checkpoint, dataset dir, weights_id of the bytes loaded), checked."""
     ckpt, weights = read_checkpoint(run_dir, device)
     if record := ckpt.get("pretrained"):  # a converted model: its text tokenized by its own tokenizer
-        fix = (f"python data/text/prepare.py SOURCE --name NAME --tokenizer {record['folder']}, then "
-               f"python pretrained.py {record['folder']} --out NEW_RUN --dataset NAME")
-        if ckpt["config"]["dataset"] is None:
-            raise UserError(f"{run_dir} was converted with no held-out text: {fix}")
-        tokenizer = record["tokenizer"]
+        from pretrained import converted_text
+        fix, tokenizer = converted_text(ckpt, run_dir)
     else:
         fix = "read it on text prepared as its training text was (the same --vocab_size or --tokenizer)"
         tokenizer = (ckpt.get("data") or {}).get("tokenizer")  # older checkpoints: the vocabulary only
