@@ -267,16 +267,6 @@ def write_atomic(path, write):
         write(f)
 
 
-def weights_id(path):
-    """A checkpoint's identity (path: a ckpt.pt or its run folder; None if none): its bytes', not its path's,
-    so a result recording the id it read is told from one of other weights in the same folder."""
-    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
-    if not path.is_file():
-        return None
-    with open(path, "rb") as f:
-        return digest_id(f)
-
-
 def digest_id(f):  # of an open file, from where it is: the first 16 hex digits of its sha256
     return hashlib.file_digest(f, "sha256").hexdigest()[:16]
 

@@ -185,29 +185,9 @@ def gpt_config(args):
         raise UserError(f"n_kv_head must divide n_head={c.n_head} (or be None: n_head), got {kv!r}")
     if c.pos_emb == "rope" and c.head_dim % 2:
         raise UserError(f"RoPE needs an even head dimension, got n_embd/n_head = {c.head_dim}")
-    if c.rope_scaling is not None and c.pos_emb != "rope":  # it would train and be stored, unused
-        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb={c.pos_emb!r}: "
-                        f"{'ALiBi' if c.pos_emb == 'alibi' else 'it'} has no rotation to scale; remove "
-                        "rope_scaling or use pos_emb='rope'")
-    if c.rope_fraction is not None and c.pos_emb != "rope":
-        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', "
-                        f"not {c.pos_emb!r}")
-    for key in ("nope_every", "rope_window"):
-        if (value := getattr(c, key)) is not None and (type(value) is not int or value < 1):
-            raise UserError(f"{key} must be an integer >= 1 (or None), got {value!r}")
-        if value is not None and c.pos_emb != "rope":
-            raise UserError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
-                            f"pos_emb='rope', not {c.pos_emb!r}")
-    if c.pos_emb == "rope" and (fraction := c.rope_fraction) is not None:  # p-RoPE: at least one pair turns
-        if not (is_number(fraction) and 0 < fraction <= 1):
-            raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), "
-                            f"got {fraction!r}")
-        if round(fraction * (pairs := c.head_dim // 2)) < 1:
-            raise UserError(f"rope_fraction={fraction!r} rotates round({fraction!r} * {pairs}) = 0 of the "
-                            f"{pairs} pairs; use at least {1 / pairs:.3g} (or pos_emb='none')")
-    if c.rope_scaling is not None:  # the rest of the check: scaling.py, for a run that scales
-        from scaling import check_scaling
-        check_scaling(c.rope_scaling, c.head_dim, c.block_size)
+    if any(getattr(c, k) is not None for k in ("rope_scaling", "rope_fraction", "nope_every", "rope_window")):
+        from rope_options import check_rope_options  # settings off by default: checked there
+        check_rope_options(c)
     return c
 
 

@@ -76,7 +76,7 @@ def rope_settings(c, family, where):
                    if p is not None)
     scaling = {k: v for k, v in params.items() if k not in MODEL_KEYS}
     if legacy := c["rope_scaling"]:
-        checked(legacy, ROPE_KEYS, f"{where}: rope_scaling")  # the rest of the dict: scaling.check_scaling
+        checked(legacy, ROPE_KEYS, f"{where}: rope_scaling")  # the rest of the dict: rope_options.check_scaling
         if scaling_type(scaling) != "default" and same_scaling(scaling) != same_scaling(legacy):
             refuse(where, f"rope_scaling {legacy} and rope_parameters {params} name two scalings: keep one")
         scaling = {k: v for k, v in legacy.items() if k not in MODEL_KEYS}

@@ -6,12 +6,22 @@ import json
 import math
 from pathlib import Path
 
-from common import UserError, run_home, weights_id
+from common import UserError, digest_id, run_home
 from eval.report import WEIGHTS
 
 RESULT_KEYS = ("protocol", "method", "mode", "eval_len")  # what every table reads of a result
 NUMBERS = ("loss", "ppl", "loss_beyond_train", "ppl_beyond_train", "stderr", "diff_none", "diff_crop",
            "diff_none_inside")
+
+
+def weights_id(path):
+    """A checkpoint's identity (path: a ckpt.pt or its run folder; None if none): its bytes', not its path's,
+    so a result recording the id it read is told from one of other weights in the same folder."""
+    path = Path(path) / "ckpt.pt" if Path(path).is_dir() else Path(path)
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return digest_id(f)
 
 
 def stale(report, run_dir):

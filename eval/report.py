@@ -10,7 +10,7 @@ import numpy as np
 from common import json_safe, json_text, release_outputs, write_atomic
 from eval.summary import PLOT_BINS, label
 
-WEIGHTS = "weights_id"  # a result's key: common.weights_id of the checkpoint it read
+WEIGHTS = "weights_id"  # a result's key: eval.reading.weights_id of the checkpoint it read
 CSV_FIELDS = ("method", "mode", "protocol", "eval_len", "factor", "stride", "loss", "ppl",
               "loss_beyond_train", "ppl_beyond_train", "stderr", "diff_none", "diff_none_stderr", "diff_crop",
               "diff_crop_stderr", "diff_none_inside", "diff_none_inside_stderr", "helped_tokens",

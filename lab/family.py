@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import ROOT, UserError, weights_id
-from eval.reading import stale
+from common import ROOT, UserError
+from eval.reading import stale, weights_id
 from eval.report import label
 from lab.stats import both, documents, interval, replicates, seed_test
 

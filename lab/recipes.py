@@ -26,10 +26,10 @@ import torch
 from scipy import stats as scipy_stats
 
 
-from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, weights_id,
-                    write_atomic)
+from common import (UserError, claim_output, command_parser, json_text, parse_number, run_cli, write_atomic)
 from data.dataset import held_out, load_split
 from eval.methods import forward_args
+from eval.reading import weights_id
 from eval.report import WEIGHTS, png, pyplot
 from eval.score import choose_units, score_units
 from lab.family import decide, declare

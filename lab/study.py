@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 
 
-from eval.reading import load_report, plain_log_labels
+from eval.reading import load_report, plain_log_labels, weights_id
 from eval.report import label, line_style, panels, png, pyplot
 from eval.methods import METHODS
 from lab.family import decide, declare, paired, past_l, reusable, shared_docs
 from lab.pages import contrast_metrics, generated, interval_text, log_page, verdict, write_page
 from lab.stats import LEVEL, blocks, interval, ratio_interval
 from common import (ROOT, UserError, claim_output, command_parser, data_dir, parse_number, run_cli,
-                    shared_values, weights_id)
+                    shared_values)
 from runfolder import load_checkpoint, provenance_changes
 from wandb_runs import ready_to_log
 from config import load_config

@@ -1,4 +1,4 @@
-"""Issue 53: every result names the weights it read (common.weights_id, the checkpoint's bytes) and no reader
+"""Issue 53: every result names the weights it read (eval.reading.weights_id, the checkpoint's bytes) and no reader
 uses one made from other weights or other options; options that apply to nothing, and duplicates, are refused
 in one line."""
 import json
@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import train
-from common import UserError, weights_id
+from common import UserError
 from eval import compare, extrapolate
+from eval.reading import weights_id
 from lab import context, ladder, probes, recipes, study
 from test_promises import CONFIG, error, tiny_run
 from test_safety import one_line

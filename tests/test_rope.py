@@ -8,7 +8,7 @@ import torch
 from model import GPT, GPTConfig
 from rope import apply_rope, frequencies, rope_cos_sin, rope_frequencies, rope_tables
 from config import gpt_config
-from scaling import check_scaling
+from rope_options import check_scaling
 
 D, BASE, L = 32, 10000.0, 256
 STATIC = [None,

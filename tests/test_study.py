@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lab import family, stats, study
-from common import ROOT, weights_id
+from common import ROOT
+from eval.reading import weights_id
 
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import train
-from common import open_locked, weights_id
+from common import open_locked
+from eval.reading import weights_id
 from model import GPT, GPTConfig
 from runtime import model_from_checkpoint
 

@@ -1,9 +1,34 @@
-"""A Hugging Face rope_scaling dict checked where a config or checkpoint brings one in (config.gpt_config)."""
+"""RoPE's settings off by default, checked where a config or checkpoint brings them in (config.gpt_config): a
+Hugging Face rope_scaling dict, p-RoPE's rope_fraction, iRoPE's nope_every and RNoPE-SWA's rope_window."""
 import numbers
 
 from common import MAX_FACTOR, UserError
 from config import is_number
 from rope import COMMON_KEYS, ORIGINAL, ROPE_TYPES, complete_scaling, scaling_type
+
+
+def check_rope_options(c):  # c: a GPTConfig whose other fields gpt_config checked
+    if c.rope_scaling is not None and c.pos_emb != "rope":  # it would train and be stored, unused
+        raise UserError(f"rope_scaling={c.rope_scaling!r} given to pos_emb={c.pos_emb!r}: "
+                        f"{'ALiBi' if c.pos_emb == 'alibi' else 'it'} has no rotation to scale; remove "
+                        "rope_scaling or use pos_emb='rope'")
+    if c.rope_fraction is not None and c.pos_emb != "rope":
+        raise UserError(f"rope_fraction={c.rope_fraction!r} is p-RoPE's; it needs pos_emb='rope', "
+                        f"not {c.pos_emb!r}")
+    for key in ("nope_every", "rope_window"):
+        if (value := getattr(c, key)) is not None and (type(value) is not int or value < 1):
+            raise UserError(f"{key} must be an integer >= 1 (or None), got {value!r}")
+        if value is not None and c.pos_emb != "rope":
+            raise UserError(f"{key}={value!r} sets the layers of a RoPE model (iRoPE, RNoPE-SWA); it needs "
+                            f"pos_emb='rope', not {c.pos_emb!r}")
+    if c.pos_emb == "rope" and (fraction := c.rope_fraction) is not None:  # p-RoPE: at least one pair turns
+        if not (is_number(fraction) and 0 < fraction <= 1):
+            raise UserError("rope_fraction must be a number in (0, 1] (or None: every pair rotates), "
+                            f"got {fraction!r}")
+        if round(fraction * (pairs := c.head_dim // 2)) < 1:
+            raise UserError(f"rope_fraction={fraction!r} rotates round({fraction!r} * {pairs}) = 0 of the "
+                            f"{pairs} pairs; use at least {1 / pairs:.3g} (or pos_emb='none')")
+    check_scaling(c.rope_scaling, c.head_dim, c.block_size)
 
 
 def check_scaling(scaling, head_dim=None, block_size=None):
