@@ -616,15 +616,11 @@ def other_holds(results):
     r, rl = f"rerope:window={L // 2}", f"rerope:window={L // 2}+logn"
     out = {}
     if "yarn_tuned" in first:
-        tuned = per_unit(results, "yarn_tuned")
-        parts = [(ci(tuned["none@4L"] - tuned["none@1L"], results, False), True),
-                 (ci(tuned["none@5L"] - tuned["none@4L"], results, False), False)]
-        out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = weakest(parts)
+        out["jquesnelle/yarn", "a fine-tune's perplexity falls to its length F and rises past it"] = fall_and_rise(
+            per_unit(results, "yarn_tuned"), "1L", "4L", "5L", results)
     if all("yarn_half" in r for r in results):  # every seed's s = 2 fine-tune trained
-        half = per_unit(results, "yarn_half")
-        parts = [(ci(half["none@2L"] - half["none@0.5L"], results, False), True),
-                 (ci(half["none@2.5L"] - half["none@2L"], results, False), False)]
-        out["jquesnelle/yarn", "the same, the s = 2 fine-tune (F = 2L)"] = weakest(parts)
+        out["jquesnelle/yarn", "the same, the s = 2 fine-tune (F = 2L)"] = fall_and_rise(
+            per_unit(results, "yarn_half"), "0.5L", "2L", "2.5L", results)
     if "press" in first:
         press, su = per_unit(results, "press"), per_unit(results, "su")
         out["Press et al. 2022", "RoPE as trained: whole windows of 2L above L"] = (
@@ -640,6 +636,12 @@ def other_holds(results):
         out["Su 2023", "ReRoPE+log-n copies from 2L back (its repeated - text above crop's)"] = (
             ci(copy(rl) - copy("crop"), results), False)
     return out
+
+
+def fall_and_rise(tuned, start, F, past, results):
+    """YaRN's published shape on a fine-tune's readings (each document alone): down from start to F, up past F."""
+    return weakest([(ci(tuned[f"none@{F}"] - tuned[f"none@{start}"], results, False), True),
+                    (ci(tuned[f"none@{past}"] - tuned[f"none@{F}"], results, False), False)])
 
 
 def weakest(parts):
