@@ -245,10 +245,6 @@ def differences(ckpt, config, meta, ignored=RUNNING_KEYS):
     return found
 
 
-def provenance_changes(ckpt, config, meta, ignored=RUNNING_KEYS):
-    return [f"{k}={was!r} (now {now})" for k, (was, now) in differences(ckpt, config, meta, ignored).items()]
-
-
 def start_checkpoint(config, meta, device):
     """(init_from's checkpoint, origin): out_dir's to resume, or a run's to fine-tune (FINETUNE_KEYS may
     differ, and pos_emb from rope to none: DroPE)."""

@@ -34,14 +34,6 @@ def number(name, kind, low, high=None, auto=None):
     return checked(lambda t: parse_number(t, name, kind, low, high), auto)
 
 
-def choice(name, allowed):
-    def check(text):
-        if text not in allowed:
-            raise UserError(f"unknown --{name} {text!r}; allowed: {', '.join(allowed)}")
-        return text
-    return checked(check)
-
-
 def listed(name, kind, allowed=None):
     return checked(lambda t: parse_list(t, name, kind, allowed))
 
@@ -53,11 +45,11 @@ def multiples(text):
     return values
 
 
-OPTIONS = (  # name, default, type, help
+OPTIONS = (  # name, default, type (or the choices), help
     ("lengths", "1,2,4,8,16", checked(multiples), "multiples of the training length"),
     ("methods", ",".join(FIXED), checked(parse_methods), f"any of {', '.join(methods.METHODS)} (pairs needs "
      "--pair_factors), each with optional settings: name:key=value (yarn:beta_fast=4)"),
-    ("docs", "all", choice("docs", DOCS), "held-out documents scored: all, dev (even-numbered) or test "
+    ("docs", "all", DOCS, "held-out documents scored: all, dev (even-numbered) or test "
      "(odd-numbered): settings are chosen on dev"),
     ("protocols", ",".join(PROTOCOLS), listed("protocols", str, PROTOCOLS),
      "windows (each from position 0) and/or sliding (every token once)"),
@@ -66,7 +58,7 @@ OPTIONS = (  # name, default, type, help
     ("tokens", "16384", number("tokens", int, 1), "scored tokens per length and protocol"),
     ("min_units", "2", number("min_units", int, 2), "at least this many windows (or stretches) per length, "
      "where the held-out text has them"),
-    ("bins", "linear", choice("bins", ("linear", "log")), "position bins: linear or log"),
+    ("bins", "linear", ("linear", "log"), "position bins: linear or log"),
     ("factor", "auto", number("factor", float, 1, MAX_FACTOR, auto="auto"), "auto (eval length / training "
      "length) or one number >= 1 for every length"),
     ("dynamic_factor", None, number("dynamic_factor", float, 1, MAX_FACTOR), "dynamic-ntk's extra NTK "
@@ -86,7 +78,8 @@ OPTIONS = (  # name, default, type, help
 def parse_args(argv):
     p = command_parser(__doc__, "run_dir", "out", "device", "seed", "wandb", "check")
     for name, default, kind, text in OPTIONS:
-        p.add_argument(f"--{name}", default=default, type=kind,
+        check = {"choices" if isinstance(kind, tuple) else "type": kind}
+        p.add_argument(f"--{name}", default=default, **check,
                        help=text + ("" if default is None else f" (default {default})"))
     a = p.parse_args(argv)
     names = [m.name for m in a.methods]  # an option of no method evaluated is refused, not ignored

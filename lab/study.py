@@ -18,7 +18,7 @@ from lab.pages import contrast_metrics, generated, interval_text, log_page, verd
 from lab.stats import LEVEL, blocks, interval, ratio_interval
 from common import (ROOT, UserError, claim_output, command_parser, data_dir, parse_number, run_cli,
                     shared_values)
-from runfolder import load_checkpoint, provenance_changes
+from runfolder import differences, load_checkpoint
 from wandb_runs import ready_to_log
 from config import load_config
 from data.dataset import load_meta
@@ -71,6 +71,10 @@ def check_first(args, out):
             if changes := provenance_changes(ckpt, expected, meta) or source_changed(ckpt, expected):
                 raise UserError(f"{run_dir} was trained otherwise than this study would train it ({'; '.join(changes)}): "
                                 "give the study another --out, or remove that folder to train it anew")
+
+
+def provenance_changes(ckpt, config, meta):
+    return [f"{k}={was!r} (now {now})" for k, (was, now) in differences(ckpt, config, meta).items()]
 
 
 def source_changed(ckpt, config):
