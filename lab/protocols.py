@@ -570,12 +570,11 @@ def main(argv):
 
 
 def chosen_on_dev(pairs):
-    """The grid's settings dev chose (dev_choice), from the seeds' dev readings cached beside them; None if not read."""
-    caches = [small / "protocols_dev.json" for small, _ in pairs]
-    if not all(c.is_file() for c in caches):
-        return None
-    dev = [json.loads(c.read_text()) for c in caches]
-    return dev_choice(grid_scores(dev)) if all("grid" in d for d in dev) else None
+    """The grid's settings dev chose (dev_choice), from the seeds' dev readings cached beside them (every protocol's,
+    or the grid's alone: --protocols grid); None if a seed's was not read."""
+    dev = [next((d for name in ("protocols_dev.json", "protocols_dev_grid.json") if (small / name).is_file()
+                 and "grid" in (d := json.loads((small / name).read_text()))), None) for small, _ in pairs]
+    return None if None in dev else dev_choice(grid_scores(dev))
 
 
 def page(per_rung, seeds, docs, command, chosen=None):
