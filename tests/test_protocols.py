@@ -198,16 +198,14 @@ def test_one_run_alone_reads_the_protocols_asked_for(rung, tmp_path):
 
 
 def test_the_test_page_marks_the_setting_dev_chose_from_a_full_or_a_grid_only_reading(tmp_path):
-    L_ = 16
-    specs = protocols.grid(L_)
-    best = {"rerope": f"rerope:window={L_ // 2}+logn", "leaky-rerope": f"leaky-rerope:window={L_ // 4}"}
+    best = {f"rerope:window={L // 2}+logn", f"leaky-rerope:window={L // 4}"}
 
-    def reading(seed):  # crop 1.0; each setting 1.5 at 2L and 4L, dev's best 1.1
+    def reading(seed):  # crop 1.0; dev's best setting of each method 1.1 at 2L and 4L, every other 1.5 or more
         grid = {"crop": [1.0, 1.0]}
-        for s in specs:
-            v = 1.1 if s in best.values() else 1.5 + 0.01 * seed
+        for s in protocols.grid(L):
+            v = 1.1 if s in best else 1.5 + 0.01 * seed
             grid.update({f"{s}@2L": [v, v], f"{s}@4L": [v, v]})
-        return dict(L=L_, grid=grid)
+        return dict(L=L, grid=grid)
 
     pairs = [(tmp_path / f"code_small_seed{k}", None) for k in range(2)]
     for small, _ in pairs:
@@ -215,4 +213,4 @@ def test_the_test_page_marks_the_setting_dev_chose_from_a_full_or_a_grid_only_re
     (pairs[0][0] / "protocols_dev.json").write_text(json.dumps(reading(0)))
     assert protocols.chosen_on_dev(pairs) is None  # seed 1 has no dev reading: nothing is marked
     (pairs[1][0] / "protocols_dev_grid.json").write_text(json.dumps(reading(1)))
-    assert protocols.chosen_on_dev(pairs) == set(best.values())
+    assert protocols.chosen_on_dev(pairs) == best
