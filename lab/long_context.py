@@ -171,6 +171,12 @@ def tensors_id(state):
     return h.hexdigest()[:16]
 
 
+def binned(nll, width=256):
+    """A loss item's per-target NLL as means of `width` targets (the last bin shorter): the page's JSON; every
+    target's stays in OUT/items."""
+    return [round(float(np.mean(nll[i:i + width])), 4) for i in range(0, len(nll), width)]
+
+
 def parse(argv):
     p = command_parser(__doc__, "device")
     p.add_argument("run", help="a converted run folder (python pretrained.py MODEL --out RUN --dataset NAME)")
@@ -390,8 +396,9 @@ def write_report(found, L, a, ckpt, command):
     page = Path(a.page)
     page.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(page, lambda f: f.write(("\n".join(lines) + "\n").encode()))
-    write_atomic(page.with_suffix(".json"), lambda f: f.write((json_text(dict(command=command, items=found)) + "\n")
-                                                              .encode()))
+    write_atomic(page.with_suffix(".json"), lambda f: f.write((json_text(dict(command=command, items={
+        name: {**item, "nll": binned(item["nll"])} if isinstance(item.get("nll"), list) else item
+        for name, item in found.items()})) + "\n").encode()))
     if grid:
         figure = passkey_plot(grid, L)
         write_atomic(page.with_suffix(".png"), lambda f: f.write(figure))
