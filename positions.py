@@ -88,20 +88,27 @@ def far_positions(T, Tk, window, group, device=None):
 
 
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    # logit q_near . k_near where i - j < window, q_far . k_far beyond; chunks of queries keep the two logit
-    # matrices to ~16 MB
+    # logit q_near . k_near where i - j < window, q_far . k_far beyond. Chunks of queries keep the logits to
+    # ~16 MB; each reads the keys it can see (causal: none past its last query), the near logits only where
+    # a key is near one of its queries (from its first query - window + 1)
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
-    j = torch.arange(Tk, device=v.device)
+    q_near, q_far = q_near / math.sqrt(D), q_far / math.sqrt(D)
     chunk = max(1, (1 << 22) // (B * H * Tk))
     out = []
     for s in range(0, T, chunk):
-        i = torch.arange(Tk - T + s, Tk - T + min(s + chunk, T), device=v.device)[:, None]
-        near = q_near[:, :, s:s + chunk] @ k_near.transpose(-1, -2)
-        far = q_far[:, :, s:s + chunk] @ k_far.transpose(-1, -2)
-        att = torch.where(i - j < window, near, far) / math.sqrt(D)
-        seen = (j <= i) if mask is None else mask[s:s + chunk]
-        out.append(att.masked_fill(~seen, float("-inf")).softmax(dim=-1).to(v.dtype) @ v)
+        first, end = Tk - T + s, Tk - T + min(s + chunk, T)  # the chunk's queries' positions
+        hi = end if mask is None else Tk
+        lo = min(max(0, first - window + 1), hi)  # keys below lo are far from every query in the chunk
+        i, j = torch.arange(first, end, device=v.device)[:, None], torch.arange(lo, hi, device=v.device)
+        att = q_far[:, :, s:s + chunk] @ k_far[:, :, :hi].transpose(-1, -2)
+        near = q_near[:, :, s:s + chunk] @ k_near[:, :, lo:hi].transpose(-1, -2)
+        att[..., lo:] = torch.where(i - j < window, near, att[..., lo:])
+        if mask is None:
+            att[..., lo:].masked_fill_(j > i, float("-inf"))
+        else:
+            att.masked_fill_(~mask[s:s + chunk], float("-inf"))
+        out.append(att.softmax(dim=-1).to(v.dtype) @ v[:, :, :hi])
     return torch.cat(out, dim=2)
 
 

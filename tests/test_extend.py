@@ -11,7 +11,7 @@ import torch
 from eval.methods import forward_args, self_extend_group, unavailable
 from model import GPT, GPTConfig
 from sample import KVCache
-from positions import PositionArgs, far_positions, merged_attention
+from positions import PositionArgs, far_positions, merged_attention, visible
 from rope import apply_rope, default_inv_freq, rope_cos_sin, yarn_inv_freq
 
 
@@ -60,6 +60,11 @@ def test_merged_attention_is_the_hand_built_one(T, window, group):
     got = merged_attention(rotate(q, at), rotate(k, at), rotate(q, at_q), rotate(k, at_k), v, window)[0, 0]
     want = by_hand(q[0, 0], k[0, 0], v[0, 0], theta, rerope(window) if group is None else self_extend(window, group))
     assert torch.allclose(got, want, atol=1e-6)  # float32 tables
+    # the newest queries alone (a cache's step), and the causal mask given rather than implied: the same rows
+    rq, rk, rq_far, rk_far = rotate(q, at), rotate(k, at), rotate(q, at_q), rotate(k, at_k)
+    newest = merged_attention(rq[:, :, -3:], rk, rq_far[:, :, -3:], rk_far, v, window)[0, 0]
+    assert torch.allclose(newest, want[-3:], atol=1e-6)
+    assert torch.allclose(merged_attention(rq, rk, rq_far, rk_far, v, window, visible(T, T, 0, None))[0, 0], got)
 
 
 def test_self_extend_group_is_the_smallest_that_stays_inside_the_trained_distances():
