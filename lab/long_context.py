@@ -42,7 +42,7 @@ from lab.pages import generated, interval_text
 from lab.swap import donors, final_nll, method, swap_prefix
 from lab.stats import interval
 from runfolder import load_checkpoint
-from runtime import load_run, model_from_checkpoint
+from runtime import autocast, load_run, model_from_checkpoint
 
 TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz "
         "you about the important information there.")
@@ -74,12 +74,12 @@ def passkey_row(encode, n, depth, key):
     return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]), len(parts[-1])
 
 
-def score(model, row, spec, L, last, rotary_dim, crop_stride):
+def score(model, row, spec, L, last, rotary_dim, crop_stride, dtype):
     """(NLL, hit) of the last `last` targets of one row under a method (crop: strided, score_cropped)."""
     if spec == "crop":
-        return score_cropped(model, row[None], last, L, crop_stride)
+        return score_cropped(model, row[None], last, L, crop_stride, dtype)
     how = method(spec, L, model.config.block_size, len(row) - 1, rotary_dim, None)
-    return score_rows(model, row[None], last=last, method=how)
+    return score_rows(model, row[None], last=last, method=how, dtype=dtype)
 
 
 class Items:
@@ -114,7 +114,7 @@ def passkey_items(items, model, encode, L, a, rotary_dim):
                     row, m = passkey_row(encode, n, depth, int(keys[i, DEPTHS.index(depth), t]))
 
                     def compute():
-                        nll, hit = score(model, row, spec, L, m, rotary_dim, a.crop_stride)
+                        nll, hit = score(model, row, spec, L, m, rotary_dim, a.crop_stride, a.dtype)
                         return dict(exact=bool(hit.all()), logp=-float(nll.sum()))
                     items.get(f"passkey/{spec}@{k:g}x/d{depth:g}/t{t}", compute)
 
@@ -129,7 +129,7 @@ def loss_items(items, model, tokens, docs, L, a, rotary_dim):
                 last = n - L if spec == "crop" else n  # crop differs from the whole window only past L
 
                 def compute():
-                    nll = score(model, row, spec, L, last, rotary_dim, a.crop_stride)[0][0]
+                    nll = score(model, row, spec, L, last, rotary_dim, a.crop_stride, a.dtype)[0][0]
                     return dict(nll=np.round(nll.astype(float), 4).tolist(), doc=int(s))
                 if spec != "crop" or n > L:
                     items.get(f"loss/{spec}@{k:g}x/u{i}", compute)
@@ -149,7 +149,7 @@ def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
            for i, (e, d) in enumerate(zip(ends, usable))]
     for i in range(len(units)):
         items.get(f"bojone/crop/u{i}", lambda: dict(
-            nll=float(score_cropped(model, units[i:i + 1], L, L, a.crop_stride)[0].mean())))
+            nll=float(score_cropped(model, units[i:i + 1], L, L, a.crop_stride, a.dtype)[0].mean())))
         arms = [("same", units[i]), ("swapped", swapped[i])] + ([("own", own[i])] if own[i] is not None else [])
         for spec in (m for m in a.methods if m != "crop"):
             for arm, row in arms:
@@ -157,7 +157,7 @@ def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
                     if j == 1 and arm != "same":
                         continue  # nothing is swapped in the last L + 1 tokens: the null is zero by construction
                     items.get(f"bojone/{arm}/{spec}@{j:g}L/u{i}", lambda: dict(
-                        nll=float(final_nll(model, row[None], spec, L, j, k, rotary_dim)[0])))
+                        nll=float(final_nll(model, row[None], spec, L, j, k, rotary_dim, a.dtype)[0])))
 
 
 def tensors_id(state):
@@ -191,6 +191,8 @@ def parse(argv):
     p.add_argument("--units", default="8", help="documents (loss) and units (bojone) read, at most")
     p.add_argument("--crop_stride", default="1024", help="crop's stride in targets (1: exact, one forward a target)")
     p.add_argument("--docs", default="test", help="held-out documents: dev or test")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the forwards' (auto: bfloat16 on CUDA, float32 on CPU); a folder of readings holds one")
     p.add_argument("--page", default=None, help="write the page (markdown, with .json and .png beside) from the items")
     a = p.parse_args(argv)
     a.lengths = parse_list(a.lengths, "lengths", float)
@@ -214,11 +216,15 @@ def main(argv):
         ckpt = load_checkpoint(run, a.device)
         model = model_from_checkpoint(ckpt).to(a.device).eval()
     tokenizer = run_tokenizer(ckpt)
-    ids = dict(weights=tensors_id(ckpt["model"]), tokenizer=getattr(tokenizer, "identity", None), docs=a.docs,
-               crop_stride=a.crop_stride)
     out = Path(a.out) / a.docs
+    known = out / "ids.json"
+    if a.page and known.is_file():  # the page says the dtype its readings were read in, wherever it is written
+        a.dtype = json.loads(known.read_text()).get("dtype", a.dtype)
+    a.dtype = autocast(a.dtype, next(model.parameters()).device.type)[0]
+    ids = dict(weights=tensors_id(ckpt["model"]), tokenizer=getattr(tokenizer, "identity", None), docs=a.docs,
+               crop_stride=a.crop_stride, dtype=a.dtype)
     out.mkdir(parents=True, exist_ok=True)
-    if (known := out / "ids.json").is_file() and json.loads(known.read_text()) != ids:
+    if known.is_file() and json.loads(known.read_text()) != ids:
         raise UserError(f"{out} holds readings of other weights or options ({known}); use another --out")
     write_atomic(known, lambda f: f.write((json_text(ids) + "\n").encode()))
     L, rotary_dim = model.config.train_len, model.config.rotary_dim
@@ -366,7 +372,7 @@ def cost(found):
 def write_report(found, L, a, ckpt, command):
     grid = passkey_grid(found, a.methods)
     lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
-             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}. The text: the {a.docs} half of the held-out "
+             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} half of the held-out "
              f"documents. Crop is strided at {a.crop_stride:,}: each target past L from {L - a.crop_stride + 1:,} to "
              f"{L:,} tokens. Settings as published, not chosen here: ReRoPE's and Self-Extend's window L/4 (bojone's "
              "1,024 of 4k), Self-Extend's group the smallest whose grouped distances stay inside L, every scaling at "

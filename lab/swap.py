@@ -32,12 +32,12 @@ def method(spec, L, run_len, length, rotary_dim, factor):
     return dataclasses.replace(how, logn_len=L) if logn else how
 
 
-def final_nll(model, rows, spec, L, k, k_max, rotary_dim):
+def final_nll(model, rows, spec, L, k, k_max, rotary_dim, dtype="auto"):
     """Per-row mean NLL of the final L targets of rows read with kL tokens of input, every factor fixed at k_max's (bojone's
     rows are not dynamic): one reading of bojone's protocol."""
     rows = rows[:, -(round(k * L) + 1):]
     how = method(spec, L, model.config.block_size, rows.shape[1] - 1, rotary_dim, float(k_max))
-    return score_rows(model, rows, last=L, method=how)[0].mean(axis=1)
+    return score_rows(model, rows, last=L, method=how, dtype=dtype)[0].mean(axis=1)
 
 
 def mixed_settings(name):

@@ -62,3 +62,7 @@ def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
     assert page.with_suffix(".png").is_file() and json.loads(page.with_suffix(".json").read_text())["items"]
     with pytest.raises(UserError, match="readings of other weights or options"):
         long_context.main([str(run), "--out", str(out), "--crop_stride", "64", "--lengths", "3"])
+    # a folder holds readings of one dtype (auto: float32 on a CPU), and its page says which
+    assert "read in float32" in text and json.loads((out / "test" / "ids.json").read_text())["dtype"] == "float32"
+    with pytest.raises(UserError, match="readings of other weights or options"):
+        long_context.main(argv + ["--dtype", "bfloat16"])
