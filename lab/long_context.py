@@ -39,7 +39,7 @@ from eval.report import png, pyplot
 from eval.score import score_rows
 from lab.crop import score_cropped
 from lab.pages import generated, interval_text
-from lab.swap import donors, final_nll, method, swap_prefix
+from lab.swap import final_nll, method, swap_prefix
 from lab.stats import interval
 from runfolder import load_checkpoint
 from runtime import autocast, load_run, model_from_checkpoint
@@ -135,15 +135,23 @@ def loss_items(items, model, tokens, docs, L, a, rotary_dim):
                     items.get(f"loss/{spec}@{k:g}x/u{i}", compute)
 
 
+def unit_donors(count, pool):
+    """The donor of each of the first `count` units: another of the `pool` usable documents, drawn from the unit's
+    index alone, so that reading more units (--units) leaves every landed unit's swapped arm as it was."""
+    return [int(np.random.default_rng([1, i]).choice([j for j in range(pool) if j != i])) for i in range(count)]
+
+
 def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
     k = max(a.lengths)
     n = round(k * L)
     usable = [d for d in docs if d[1] - d[0] >= n + 1 + L]  # at least L into the document, as lab/protocols.py
-    ends = [int(d[1]) for d in usable][:a.units]  # each document's last kL + 1 tokens
+    pool = [int(d[1]) for d in usable]  # each document's last kL + 1 tokens
+    ends = pool[:a.units]
     if len(ends) < 2:
         raise UserError(f"bojone's protocol at {k:g}L needs two documents of {n + 1 + L} tokens; {len(ends)} found")
-    units = np.stack([tokens[e - n - 1:e] for e in ends]).astype(np.int64)
-    swapped = swap_prefix(units, units[donors(range(len(units)), np.random.default_rng(1))], L, eot)
+    last = lambda e: tokens[e - n - 1:e].astype(np.int64)
+    units = np.stack([last(e) for e in ends])
+    swapped = swap_prefix(units, np.stack([last(pool[j]) for j in unit_donors(len(ends), len(pool))]), L, eot)
     # the own-document control where the document holds kL more tokens: the prefix from kL further back
     own = [swap_prefix(units[i:i + 1], tokens[None, e - 2 * n - 1:e - n], L)[0] if e - 2 * n - 1 >= d[0] else None
            for i, (e, d) in enumerate(zip(ends, usable))]

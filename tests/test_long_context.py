@@ -66,3 +66,10 @@ def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
     assert "read in float32" in text and json.loads((out / "test" / "ids.json").read_text())["dtype"] == "float32"
     with pytest.raises(UserError, match="readings of other weights or options"):
         long_context.main(argv + ["--dtype", "bfloat16"])
+
+
+def test_a_units_donor_is_another_document_and_stays_whatever_the_number_of_units_read():
+    # a resumed run with more --units keeps every landed unit's swapped arm: its donor is drawn from its index alone
+    few, more = long_context.unit_donors(2, 6), long_context.unit_donors(5, 6)
+    assert few == more[:2] and all(d != i and 0 <= d < 6 for i, d in enumerate(more))
+    assert len(set(long_context.unit_donors(6, 6))) > 1  # drawn, not one fixed document
