@@ -380,9 +380,9 @@ def cost(found):
 def write_report(found, L, a, ckpt, command):
     grid = passkey_grid(found, a.methods)
     lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
-             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} half of the held-out "
-             f"documents. Crop is strided at {a.crop_stride:,}: each target past L from {L - a.crop_stride + 1:,} to "
-             f"{L:,} tokens. Settings as published, not chosen here: ReRoPE's and Self-Extend's window L/4 (bojone's "
+             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} "
+             f"half of the held-out documents. Crop is strided at {a.crop_stride:,}: each target past L from "
+             f"{L - a.crop_stride + 1:,} to {L:,} tokens. Settings as published, not chosen here: ReRoPE's and Self-Extend's window L/4 (bojone's "
              "1,024 of 4k), Self-Extend's group the smallest whose grouped distances stay inside L, every scaling at "
              "the length's factor (passkey and loss) or the longest input's (bojone). Each cell counts the items it "
              "rests on; intervals are 95%, bootstrap over documents.\n",
