@@ -88,9 +88,8 @@ def far_positions(T, Tk, window, group, device=None):
 
 
 def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
-    # logit q_near . k_near where i - j < window, q_far . k_far beyond. Chunks of queries keep the logits to
-    # ~16 MB; each reads the keys it can see (causal: none past its last query), the near logits only where
-    # a key is near one of its queries (from its first query - window + 1)
+    # logit q_near . k_near where i - j < window, q_far . k_far beyond, by chunks of queries (logits ~16 MB);
+    # a chunk reads the keys it sees (none past its last query), near ones from its first query - window + 1
     B, H, T, D = q_near.shape
     Tk = k_near.size(2)
     q_near, q_far = q_near / math.sqrt(D), q_far / math.sqrt(D)
@@ -99,7 +98,7 @@ def merged_attention(q_near, k_near, q_far, k_far, v, window, mask=None):
     for s in range(0, T, chunk):
         first, end = Tk - T + s, Tk - T + min(s + chunk, T)  # the chunk's queries' positions
         hi = end if mask is None else Tk
-        lo = min(max(0, first - window + 1), hi)  # keys below lo are far from every query in the chunk
+        lo = max(0, first - window + 1)  # keys below lo are far from every query in the chunk
         i, j = torch.arange(first, end, device=v.device)[:, None], torch.arange(lo, hi, device=v.device)
         att = q_far[:, :, s:s + chunk] @ k_far[:, :, :hi].transpose(-1, -2)
         near = q_near[:, :, s:s + chunk] @ k_near[:, :, lo:hi].transpose(-1, -2)

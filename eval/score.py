@@ -19,8 +19,7 @@ def score_windows(model, tokens, starts, length, tokens_per_batch=16384, last=No
 @torch.no_grad()
 def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED, dtype="auto"):
     """(NLL [N, m] float64, top-1 hit [N, m] bool) of the last m = last (default all n) targets of rows
-    [N, n+1]. crop is done here, for every command: a row is cut to its last crop tokens. dtype: the forward's
-    (auto: bf16 on CUDA if supported, float32 on CPU)."""
+    [N, n+1]. crop is done here, for every command: a row is cut to its last crop tokens."""
     rows = np.asarray(rows, dtype=np.int64)
     if method.crop and rows.shape[1] - 1 > method.crop:
         rows, last = rows[:, -(method.crop + 1):], min(last or method.crop, method.crop)
@@ -29,7 +28,7 @@ def score_rows(model, rows, tokens_per_batch=16384, last=None, method=AS_TRAINED
     nll, hit = np.empty((N, m), dtype=np.float64), np.empty((N, m), dtype=bool)
     for i in range(0, N, batch):
         chunk = torch.from_numpy(rows[i:i + batch]).to(device)
-        with autocast(dtype, device.type)[1]:
+        with autocast(dtype, device.type)[1]:  # auto: bf16 on CUDA if supported, float32 on CPU
             # the head only over the targets asked for: a strided crop reads few of them
             logits, _ = model(chunk[:, :-1], last=m, method=method)
         y = chunk[:, -m:]  # per token, in float32 as the model's own loss
