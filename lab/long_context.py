@@ -103,15 +103,19 @@ class Items:
         return {p.stem.replace("__", "/"): json.loads(p.read_text()) for p in sorted(self.folder.glob("*.json"))}
 
 
+def passkey_key(k, depth, trial):
+    """A trial's key, drawn from its length, depth and trial alone, so that reading more lengths, depths or trials
+    (a resumed run) leaves every landed item's key as it was."""
+    return int(np.random.default_rng([round(1000 * k), DEPTHS.index(depth), trial]).integers(1, 50001))
+
+
 def passkey_items(items, model, encode, L, a, rotary_dim):
-    rng = np.random.default_rng(0)
-    keys = rng.integers(1, 50001, size=(len(a.lengths), len(DEPTHS), a.trials))
-    for i, k in enumerate(a.lengths):
+    for k in a.lengths:
         n = round(k * L)
         for t in range(a.trials):
             for spec in (m for m in a.methods if k > 1 or m in a.at_1x):
-                for depth in a.depths:  # each depth's key is the same whichever depths are read
-                    row, m = passkey_row(encode, n, depth, int(keys[i, DEPTHS.index(depth), t]))
+                for depth in a.depths:
+                    row, m = passkey_row(encode, n, depth, passkey_key(k, depth, t))
 
                     def compute():
                         nll, hit = score(model, row, spec, L, m, rotary_dim, a.crop_stride, a.dtype)

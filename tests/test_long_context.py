@@ -73,3 +73,9 @@ def test_a_units_donor_is_another_document_and_stays_whatever_the_number_of_unit
     few, more = long_context.unit_donors(2, 6), long_context.unit_donors(5, 6)
     assert few == more[:2] and all(d != i and 0 <= d < 6 for i, d in enumerate(more))
     assert len(set(long_context.unit_donors(6, 6))) > 1  # drawn, not one fixed document
+
+
+def test_a_passkey_trials_key_is_drawn_from_its_length_depth_and_trial_alone():
+    # a resumed run with more lengths, depths or trials keeps every landed item's key, and each trial draws its own
+    keys = [long_context.passkey_key(k, d, t) for k in (1, 1.5, 2) for d in long_context.DEPTHS for t in range(4)]
+    assert all(1 <= v <= 50000 for v in keys) and len(set(keys)) == len(keys)
