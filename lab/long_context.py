@@ -113,9 +113,9 @@ def passkey_items(items, model, encode, L, a, rotary_dim):
     for k in a.lengths:
         n = round(k * L)
         for t in range(a.trials):
+            rows = {depth: passkey_row(encode, n, depth, passkey_key(k, depth, t)) for depth in a.depths}
             for spec in (m for m in a.methods if k > 1 or m in a.at_1x):
-                for depth in a.depths:
-                    row, m = passkey_row(encode, n, depth, passkey_key(k, depth, t))
+                for depth, (row, m) in rows.items():
 
                     def compute():
                         nll, hit = score(model, row, spec, L, m, rotary_dim, a.crop_stride, a.dtype)
@@ -277,7 +277,8 @@ def loss_table(found, L, methods):
         crop = dict(got.get(f"crop@{key}", []))
         lines += [f"\n**{key} ({round(float(key[:-1]) * L)} tokens)**: mean NLL by the target's position, and past L "
                   "minus crop on the same documents (negative: the longer context helps; 95% interval over "
-                  "documents, no more than indicative below 8 of them).\n", "| method | documents | within L | past L | past L minus crop |",
+                  "documents, no more than indicative below 8 of them).\n",
+                  "| method | documents | within L | past L | past L minus crop |",
                   "| --- | ---: | ---: | ---: | ---: |"]
         for spec in methods:
             units = dict(got.get(f"{spec}@{key}", []))
