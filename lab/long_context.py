@@ -35,7 +35,7 @@ from common import (UserError, command_parser, json_text, parse_list, parse_numb
                     write_atomic)
 from data.dataset import held_out, load_meta, load_split
 from data.tokenizer import run_tokenizer
-from eval.report import png, pyplot
+from eval.report import line_style, png, pyplot
 from eval.score import score_rows
 from lab.crop import score_cropped
 from lab.pages import generated, interval_text
@@ -363,6 +363,46 @@ def passkey_plot(grid, L):
     return png(fig)
 
 
+def loss_plot(found, L, methods, width=512):
+    """Per length: each method's NLL by position over the whole window (crop's past L), and past L its NLL minus
+    crop's on the same documents, zoomed near crop (a method off the scale keeps its mean in the legend); means of
+    `width` targets, bands one standard error over documents."""
+    got = collect(found, "loss")
+    keys = sorted({k.split("@")[1] for k in got}, key=lambda s: float(s[:-1]))
+    plt = pyplot()
+    fig, axes = plt.subplots(2, len(keys), figsize=(7 * len(keys), 7), squeeze=False, sharex="col")
+    for col, key in enumerate(keys):
+        crop = {u: np.asarray(v["nll"]) for u, v in got.get(f"crop@{key}", [])}
+        top, bottom = axes[0, col], axes[1, col]
+        for spec in (m for m in methods if f"{m}@{key}" in got):
+            units = {u: np.asarray(v["nll"]) for u, v in got[f"{spec}@{key}"]}
+            start = L if spec == "crop" else 0
+            x = start + np.arange(0, len(next(iter(units.values()))), width) + width / 2
+            top.plot(x, np.mean([binned(v, width) for v in units.values()], axis=0), lw=1.5, ms=3,
+                     label=f"{spec} ({len(units)})", **line_style(spec))
+            both = [u for u in units if u in crop and spec != "crop"]
+            if len(both) < 2:
+                continue
+            diff = np.array([np.subtract(binned(units[u][L:], width), binned(crop[u], width)) for u in both])
+            mean, err = diff.mean(0), diff.std(0, ddof=1) / np.sqrt(len(both))
+            style = line_style(spec)
+            past = np.mean([units[u][L:].mean() - crop[u].mean() for u in both])  # the table's number
+            x = L + np.arange(0, diff.shape[1]) * width + width / 2
+            bottom.plot(x, mean, lw=1.5, ms=3, label=f"{spec}: {past:+.3f}", **style)
+            bottom.fill_between(x, mean - err, mean + err, alpha=0.15, color=style["color"], lw=0)
+        for ax in (top, bottom):
+            ax.axvline(L, color="0.3", ls="--", lw=1)
+        bottom.axhline(0, color="k", lw=2)
+        top.set(title=f"{key}: NLL by position ({len(crop)} documents)", ylabel="NLL (nats)")
+        bottom.set(title="past L: minus crop on the same documents (below zero: context helps)",
+                   xlabel="target position", ylabel="minus crop (nats)", ylim=(-0.15, 0.35), xlim=(0, None))
+        top.legend(fontsize=7, title="documents", title_fontsize=7)
+        bottom.legend(fontsize=7, title="mean past L", title_fontsize=7)
+    fig.suptitle(f"loss by position, trained at L = {L:,}; bins of {width} targets, bands one standard error "
+                 "over documents", fontsize=9)
+    return png(fig)
+
+
 def source(ckpt, run):
     """The model's name and file: a GGUF's general.name and sha256, a model folder's path, else the run folder."""
     record = ckpt.get("pretrained") or {}
@@ -402,7 +442,11 @@ def write_report(found, L, a, ckpt, command):
             row = [cells.get((length, d)) for d in DEPTHS]
             lines.append(f"| `{spec}` at {length} | " + " | ".join(
                 f"{sum(h)}/{len(h)}" if h else "" for h in row) + " |")
+    if grid:
+        lines += ["", f"![passkey, accuracy by length and depth]({Path(a.page).with_suffix('.png').name})"]
     lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
+    if collect(found, "loss"):
+        lines += ["", f"![loss by position]({Path(a.page).stem}_loss.png)"]
     lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n",
               "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
               "more than L before the first final target come from another document (an end-of-text token at the "
@@ -421,6 +465,9 @@ def write_report(found, L, a, ckpt, command):
     if grid:
         figure = passkey_plot(grid, L)
         write_atomic(page.with_suffix(".png"), lambda f: f.write(figure))
+    if collect(found, "loss"):
+        figure = loss_plot(found, L, a.methods)
+        write_atomic(page.with_name(page.stem + "_loss.png"), lambda f: f.write(figure))
     print(f"-> {page}")
 
 

@@ -60,6 +60,9 @@ def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
     text = page.read_text()
     assert "## Passkey" in text and "reads past L" in text and "(2 units) |" in text and "`rerope:window=32+logn` (3L) | 2 |" in text
     assert page.with_suffix(".png").is_file() and json.loads(page.with_suffix(".json").read_text())["items"]
+    # the passkey heatmap and the loss by position are drawn, and the page shows them
+    assert (page.parent / "lc_loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![passkey, accuracy by length and depth](lc.png)" in text and "![loss by position](lc_loss.png)" in text
     with pytest.raises(UserError, match="readings of other weights or options"):
         long_context.main([str(run), "--out", str(out), "--crop_stride", "64", "--lengths", "3"])
     # a folder holds readings of one dtype (auto: float32 on a CPU), and its page says which
