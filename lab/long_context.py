@@ -376,16 +376,16 @@ def loss_plot(found, L, methods, width=512):
         top, bottom = axes[0, col], axes[1, col]
         for spec in (m for m in methods if f"{m}@{key}" in got):
             units = {u: np.asarray(v["nll"]) for u, v in got[f"{spec}@{key}"]}
+            style = {**line_style(spec), **({"ls": ":"} if "+logn" in spec else {})}  # ReRoPE's two told apart
             start = L if spec == "crop" else 0
             x = start + np.arange(0, len(next(iter(units.values()))), width) + width / 2
             top.plot(x, np.mean([binned(v, width) for v in units.values()], axis=0), lw=1.5, ms=3,
-                     label=f"{spec} ({len(units)})", **line_style(spec))
+                     label=f"{spec} ({len(units)})", **style)
             both = [u for u in units if u in crop and spec != "crop"]
             if len(both) < 2:
                 continue
             diff = np.array([np.subtract(binned(units[u][L:], width), binned(crop[u], width)) for u in both])
             mean, err = diff.mean(0), diff.std(0, ddof=1) / np.sqrt(len(both))
-            style = line_style(spec)
             past = np.mean([units[u][L:].mean() - crop[u].mean() for u in both])  # the table's number
             x = L + np.arange(0, diff.shape[1]) * width + width / 2
             bottom.plot(x, mean, lw=1.5, ms=3, label=f"{spec}: {past:+.3f}", **style)
