@@ -393,11 +393,15 @@ def loss_plot(found, L, methods, width=512):
         for ax in (top, bottom):
             ax.axvline(L, color="0.3", ls="--", lw=1)
         bottom.axhline(0, color="k", lw=2)
-        top.set(title=f"{key}: NLL by position ({len(crop)} documents)", ylabel="NLL (nats)")
+        docs = {u for name, read in got.items() if name.endswith(f"@{key}") for u, _ in read}
+        top.set(title=f"{key}: NLL by position ({len(docs)} documents)", ylabel="NLL (nats)")
         bottom.set(title="past L: minus crop on the same documents (below zero: context helps)",
                    xlabel="target position", ylabel="minus crop (nats)", ylim=(-0.15, 0.35), xlim=(0, None))
         top.legend(fontsize=7, title="documents", title_fontsize=7)
-        bottom.legend(fontsize=7, title="mean past L", title_fontsize=7)
+        if bottom.get_legend_handles_labels()[0]:
+            bottom.legend(fontsize=7, title="mean past L", title_fontsize=7)
+        else:  # at 1x: nothing past L
+            bottom.axis("off")
     fig.suptitle(f"loss by position, trained at L = {L:,}; bins of {width} targets, bands one standard error "
                  "over documents", fontsize=9)
     return png(fig)

@@ -2,6 +2,7 @@
 swap) on a tiny run, its items cached as they land and its page written from them."""
 import json
 
+import numpy as np
 import pytest
 
 import train
@@ -82,3 +83,12 @@ def test_a_passkey_trials_key_is_drawn_from_its_length_depth_and_trial_alone():
     # a resumed run with more lengths, depths or trials keeps every landed item's key, and each trial draws its own
     keys = [long_context.passkey_key(k, d, t) for k in (1, 1.5, 2) for d in long_context.DEPTHS for t in range(4)]
     assert all(1 <= v <= 50000 for v in keys) and len(set(keys)) == len(keys)
+
+
+def test_the_loss_figure_draws_1x_beside_the_lengths_past_L(recwarn):
+    # at 1x nothing lies past L (no crop): its lower panel is left out, not drawn empty
+    rng, n = np.random.default_rng(0), 64
+    found = {f"loss/{spec}@{k}x/u{u}": dict(nll=(2 + rng.random(n * (k - (spec == "crop")))).tolist())
+             for u in range(3) for spec, k in (("none", 1), ("none", 2), ("crop", 2), ("yarn", 2))}
+    assert long_context.loss_plot(found, n, ["none", "crop", "yarn"], width=16)[:4] == b"\x89PNG"
+    assert not [w for w in recwarn if "legend" in str(w.message)]
