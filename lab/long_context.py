@@ -455,7 +455,8 @@ def write_report(found, L, a, ckpt, command):
               "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
               "more than L before the first final target come from another document (an end-of-text token at the "
               "splice), so crop is the same on both arms. Reads past L negative: the method gains from the tokens more "
-              "than L back. The own-document control, where the document holds kL more tokens, takes them from its own "
+              "than L back that the swap replaces (those before every final target's window; what it reads from a "
+              "later target's real tokens more than L back falls in its distortion). The own-document control, where the document holds kL more tokens, takes them from its own "
               "text kL further back (no end-of-text token): own text and splice split reads past L in two.\n"]
     lines += bojone_table(found, a.methods)
     lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
