@@ -427,7 +427,9 @@ def cost(found):
 
 
 def write_report(found, L, a, ckpt, command):
-    grid = passkey_grid(found, a.methods)
+    grid, losses = passkey_grid(found, a.methods), bool(collect(found, "loss"))
+    page = Path(a.page)
+    heatmap, curves = page.with_suffix(".png"), page.with_name(page.stem + "_loss.png")
     lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
              f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} "
              f"half of the held-out documents. Crop is strided at {a.crop_stride:,}: each target past L from "
@@ -447,21 +449,21 @@ def write_report(found, L, a, ckpt, command):
             lines.append(f"| `{spec}` at {length} | " + " | ".join(
                 f"{sum(h)}/{len(h)}" if h else "" for h in row) + " |")
     if grid:
-        lines += ["", f"![passkey, accuracy by length and depth]({Path(a.page).with_suffix('.png').name})"]
+        lines += ["", f"![passkey, accuracy by length and depth]({heatmap.name})"]
     lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
-    if collect(found, "loss"):
-        lines += ["", f"![loss by position]({Path(a.page).stem}_loss.png)"]
+    if losses:
+        lines += ["", f"![loss by position]({curves.name})"]
     lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n",
               "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
               "more than L before the first final target come from another document (an end-of-text token at the "
               "splice), so crop is the same on both arms. Reads past L negative: the method gains from the tokens more "
               "than L back that the swap replaces (those before every final target's window; what it reads from a "
-              "later target's real tokens more than L back falls in its distortion). The own-document control, where the document holds kL more tokens, takes them from its own "
-              "text kL further back (no end-of-text token): own text and splice split reads past L in two.\n"]
+              "later target's real tokens more than L back falls in its distortion). The own-document control, where "
+              "the document holds kL more tokens, takes them from its own text kL further back (no end-of-text "
+              "token): own text and splice split reads past L in two.\n"]
     lines += bojone_table(found, a.methods)
     lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
               "| --- | --- | ---: | ---: | ---: |"] + cost(found)
-    page = Path(a.page)
     page.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(page, lambda f: f.write(("\n".join(lines) + "\n").encode()))
     write_atomic(page.with_suffix(".json"), lambda f: f.write((json_text(dict(command=command, items={
@@ -469,10 +471,10 @@ def write_report(found, L, a, ckpt, command):
         for name, item in found.items()})) + "\n").encode()))
     if grid:
         figure = passkey_plot(grid, L)
-        write_atomic(page.with_suffix(".png"), lambda f: f.write(figure))
-    if collect(found, "loss"):
+        write_atomic(heatmap, lambda f: f.write(figure))
+    if losses:
         figure = loss_plot(found, L, a.methods)
-        write_atomic(page.with_name(page.stem + "_loss.png"), lambda f: f.write(figure))
+        write_atomic(curves, lambda f: f.write(figure))
     print(f"-> {page}")
 
 
