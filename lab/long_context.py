@@ -7,7 +7,8 @@ crop:
   is read teacher-forced: greedy decoding writes the key exactly when every key token is the argmax given the
   tokens before it, which one forward shows; the key's log-probability beside it.
 - loss: the first kL + 1 tokens of each held-out document scored from position 0, loss by position; crop on the
-  targets past L, strided (each window of L tokens scores its last --crop_stride targets).
+  targets past L, strided (each window of L tokens scores its last --crop_stride targets; `crop:stride=S` beside it
+  is crop at another stride, read against the folder's).
 - bojone: the final L targets with kL tokens of input (bojone/rerope eval_loss.py), on the real units and on units
   whose tokens more than L before the first final target come from another document (lab/protocols.py's swap: crop
   reads none of them), so that the method on the real minus on the swapped units is what it reads from more than L
@@ -74,10 +75,22 @@ def passkey_row(encode, n, depth, key):
     return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]), len(parts[-1])
 
 
-def score(model, row, spec, L, last, rotary_dim, crop_stride, dtype):
+def is_crop(spec):
+    return spec.split(":")[0] == "crop"
+
+
+def crop_stride(spec, default, L):
+    """A crop's stride, at most L: 'crop' the folder's (--crop_stride), 'crop:stride=S' S."""
+    key, _, value = spec.partition(":")[2].partition("=")
+    if key not in ("", "stride"):
+        raise UserError(f"unknown setting {key!r} of --methods {spec}; allowed: crop:stride=S")
+    return parse_number(value if key else str(default), "methods crop:stride" if key else "crop_stride", int, 1, L)
+
+
+def score(model, row, spec, L, last, rotary_dim, default_stride, dtype):
     """(NLL, hit) of the last `last` targets of one row under a method (crop: strided, score_cropped)."""
-    if spec == "crop":
-        return score_cropped(model, row[None], last, L, crop_stride, dtype)
+    if is_crop(spec):
+        return score_cropped(model, row[None], last, L, crop_stride(spec, default_stride, L), dtype)
     how = method(spec, L, model.config.block_size, len(row) - 1, rotary_dim, None)
     return score_rows(model, row[None], last=last, method=how, dtype=dtype)
 
@@ -130,12 +143,12 @@ def loss_items(items, model, tokens, docs, L, a, rotary_dim):
         for i, (s, _) in enumerate(usable):
             row = tokens[s:s + n + 1].astype(np.int64)
             for spec in (m for m in a.methods if k > 1 or m in a.at_1x):
-                last = n - L if spec == "crop" else n  # crop differs from the whole window only past L
+                last = n - L if is_crop(spec) else n  # crop differs from the whole window only past L
 
                 def compute():
                     nll = score(model, row, spec, L, last, rotary_dim, a.crop_stride, a.dtype)[0][0]
                     return dict(nll=np.round(nll.astype(float), 4).tolist(), doc=int(s))
-                if spec != "crop" or n > L:
+                if not is_crop(spec) or n > L:
                     items.get(f"loss/{spec}@{k:g}x/u{i}", compute)
 
 
@@ -160,10 +173,11 @@ def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
     own = [swap_prefix(units[i:i + 1], tokens[None, e - 2 * n - 1:e - n], L)[0] if e - 2 * n - 1 >= d[0] else None
            for i, (e, d) in enumerate(zip(ends, usable))]
     for i in range(len(units)):
-        items.get(f"bojone/crop/u{i}", lambda: dict(
-            nll=float(score_cropped(model, units[i:i + 1], L, L, a.crop_stride, a.dtype)[0].mean())))
+        for crop in ["crop"] + [m for m in a.methods if is_crop(m) and m != "crop"]:  # the same on both arms
+            items.get(f"bojone/{crop}/u{i}", lambda: dict(
+                nll=float(score(model, units[i], crop, L, L, rotary_dim, a.crop_stride, a.dtype)[0].mean())))
         arms = [("same", units[i]), ("swapped", swapped[i])] + ([("own", own[i])] if own[i] is not None else [])
-        for spec in (m for m in a.methods if m != "crop"):
+        for spec in (m for m in a.methods if not is_crop(m)):
             for arm, row in arms:
                 for j in (1, k):
                     if j == 1 and arm != "same":
@@ -201,7 +215,8 @@ def parse(argv):
     p.add_argument("--trials", default="1", help="passkey trials per length and depth")
     p.add_argument("--depths", default=",".join(f"{d:g}" for d in DEPTHS), help="passkey depths read, of those")
     p.add_argument("--units", default="8", help="documents (loss) and units (bojone) read, at most")
-    p.add_argument("--crop_stride", default="1024", help="crop's stride in targets (1: exact, one forward a target)")
+    p.add_argument("--crop_stride", default="auto", help="crop's stride in targets, at most L (1: exact, one forward a "
+                   "target; auto: L/8)")
     p.add_argument("--docs", default="test", help="held-out documents: dev or test")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the forwards' (auto: bfloat16 on CUDA, float32 on CPU); a folder of readings holds one")
@@ -210,7 +225,7 @@ def parse(argv):
     a.lengths = parse_list(a.lengths, "lengths", float)
     a.depths = parse_list(a.depths, "depths", float, tuple(f"{d:g}" for d in DEPTHS))
     a.trials, a.units = parse_number(a.trials, "trials", int, 1), parse_number(a.units, "units", int, 1)
-    a.crop_stride = parse_number(a.crop_stride, "crop_stride", int, 1)
+    a.crop_stride = None if a.crop_stride == "auto" else parse_number(a.crop_stride, "crop_stride", int, 1)
     a.stages = parse_list(a.stages, "stages", str, STAGES)
     a.device = shared_values(a)["device"]
     if a.docs not in ("dev", "test"):
@@ -227,6 +242,12 @@ def main(argv):
     else:
         ckpt = load_checkpoint(run, a.device)
         model = model_from_checkpoint(ckpt).to(a.device).eval()
+    L, rotary_dim = model.config.train_len, model.config.rotary_dim
+    a.methods = default_methods(L) if a.methods == "auto" else parse_list(a.methods, "methods", str)
+    a.at_1x = [m for m in a.methods if m.split(":")[0] in a.at_1x.split(",") and "+logn" not in m]
+    a.crop_stride = a.crop_stride or max(1, L // 8)
+    for spec in (m for m in ["crop", *a.methods] if is_crop(m)):
+        crop_stride(spec, a.crop_stride, L)  # a bad stride refused before anything is written
     tokenizer = run_tokenizer(ckpt)
     out = Path(a.out) / a.docs
     known = out / "ids.json"
@@ -239,9 +260,6 @@ def main(argv):
     if known.is_file() and json.loads(known.read_text()) != ids:
         raise UserError(f"{out} holds readings of other weights or options ({known}); use another --out")
     write_atomic(known, lambda f: f.write((json_text(ids) + "\n").encode()))
-    L, rotary_dim = model.config.train_len, model.config.rotary_dim
-    a.methods = default_methods(L) if a.methods == "auto" else parse_list(a.methods, "methods", str)
-    a.at_1x = [m for m in a.methods if m.split(":")[0] in a.at_1x.split(",") and "+logn" not in m]
     items = Items(out)
     if a.page:
         return write_report(items.all(), L, a, ckpt, " ".join(["python lab/long_context.py", *map(shlex.quote, argv)]))
@@ -268,6 +286,11 @@ def collect(found, prefix):
     return out
 
 
+def past(spec, nll, L):
+    """A loss item's NLL on the targets past L (a crop's are only those)."""
+    return np.asarray(nll) if is_crop(spec) else np.asarray(nll)[L:]
+
+
 def loss_table(found, L, methods):
     """Rows of the loss reading at each length: mean NLL within L and past L, and past L minus crop on the same
     documents with its interval over documents."""
@@ -284,25 +307,31 @@ def loss_table(found, L, methods):
             units = dict(got.get(f"{spec}@{key}", []))
             if not units:
                 continue
-            nll = [np.asarray(v["nll"]) for v in units.values()]
-            within = np.mean([x[:L].mean() for x in nll])
-            past = [x[L:].mean() for x in nll if len(x) > L] if spec != "crop" else [x.mean() for x in nll]
+            within = np.mean([np.mean(v["nll"][:L]) for v in units.values()])
+            after = [x.mean() for v in units.values() if len(x := past(spec, v["nll"], L))]
             both = [u for u in units if u in crop and spec != "crop"]
-            diff = [[np.mean(units[u]["nll"][L:]) - np.mean(crop[u]["nll"]) for u in both]]
+            diff = [[past(spec, units[u]["nll"], L).mean() - np.mean(crop[u]["nll"]) for u in both]]
             c = interval(diff) if len(both) > 1 else None
-            lines.append(f"| `{spec}` | {len(units)} | {'' if spec == 'crop' else f'{within:.3f}'} | "
-                         f"{np.mean(past):.3f} | " + (interval_text(c) if c else "") + " |" if past else
+            lines.append(f"| `{spec}` | {len(units)} | {'' if is_crop(spec) else f'{within:.3f}'} | "
+                         f"{np.mean(after):.3f} | " + (interval_text(c) if c else "") + " |" if after else
                          f"| `{spec}` | {len(units)} | {within:.3f} | | |")
     return lines
 
 
-def bojone_table(found, methods):
-    """Rows of the decomposition: per method, with 95% intervals over units (each from its own document)."""
-    crop = {name.rsplit("/", 1)[1]: v["nll"] for name, v in found.items() if name.startswith("bojone/crop/")}
+def bojone_crop(found, spec):
+    """{unit: NLL} of a crop's bojone items."""
+    return {name.rsplit("/", 1)[1]: v["nll"] for name, v in found.items() if name.startswith(f"bojone/{spec}/")}
+
+
+def bojone_table(found, methods, against="crop"):
+    """Rows of the decomposition: per method, with 95% intervals over units (each from its own document). Against
+    another crop (crop:stride=S) only the columns with crop in them."""
+    crop = bojone_crop(found, against)
     same, swapped, own = (collect(found, f"bojone/{arm}") for arm in ("same", "swapped", "own"))
-    lines = ["| method | units | 1L minus crop | kL minus crop | distortion (swapped kL minus crop) | reads past L "
-             "(real kL minus swapped kL) | own text (real minus own-document kL) | splice (own-document minus swapped "
-             "kL) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    full = against == "crop"
+    lines = ["| method | units | 1L minus crop | kL minus crop | distortion (swapped kL minus crop) |" + (
+             " reads past L (real kL minus swapped kL) | own text (real minus own-document kL) | splice (own-document "
+             "minus swapped kL) |" if full else ""), "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * 3 * full]
     ks = sorted({k.split("@")[1] for k in swapped})
     for spec in methods:
         for k in ks:
@@ -315,9 +344,22 @@ def bojone_table(found, methods):
             at1 = [u for u in one if u in crop]
             lines.append(f"| `{spec}` ({k}) | {len(units)} | "
                          + (interval_text(interval([[one[u]['nll'] - crop[u] for u in at1]])) if len(at1) > 1 else "")
-                         + f" | {ci(lambda u: real[u]['nll'] - crop[u])} | {ci(lambda u: swap[u]['nll'] - crop[u])} | "
-                         f"{ci(lambda u: real[u]['nll'] - swap[u]['nll'])} | " + split(real, swap, mine, units) + " |")
+                         + f" | {ci(lambda u: real[u]['nll'] - crop[u])} | {ci(lambda u: swap[u]['nll'] - crop[u])} |"
+                         + (f" {ci(lambda u: real[u]['nll'] - swap[u]['nll'])} | {split(real, swap, mine, units)} |"
+                            if full else ""))
     return lines
+
+
+def finer_crop(found, L, a, spec):
+    """Lines: the decomposition's columns with crop in them against crop at another stride, and it minus crop."""
+    stride, finer, crop = crop_stride(spec, a.crop_stride, L), bojone_crop(found, spec), bojone_crop(found, "crop")
+    units = [u for u in finer if u in crop]
+    if len(units) < 2:
+        return []
+    gap = interval_text(interval([[finer[u] - crop[u] for u in units]]))
+    return [f"\n**Against crop strided at {stride:,}** (`{spec}`: each target sees {L - stride + 1:,} to {L:,} "
+            f"tokens; it minus crop strided at {a.crop_stride:,}: {gap} on {len(units)} units):\n",
+            *bojone_table(found, a.methods, spec)]
 
 
 def split(real, swap, own, units):
@@ -377,18 +419,18 @@ def loss_plot(found, L, methods, width=512):
         for spec in (m for m in methods if f"{m}@{key}" in got):
             units = {u: np.asarray(v["nll"]) for u, v in got[f"{spec}@{key}"]}
             style = {**line_style(spec), **({"ls": ":"} if "+logn" in spec else {})}  # ReRoPE's two told apart
-            start = L if spec == "crop" else 0
+            start = L if is_crop(spec) else 0
             x = start + np.arange(0, len(next(iter(units.values()))), width) + width / 2
             top.plot(x, np.mean([binned(v, width) for v in units.values()], axis=0), lw=1.5, ms=3,
                      label=f"{spec} ({len(units)})", **style)
             both = [u for u in units if u in crop and spec != "crop"]
             if len(both) < 2:
                 continue
-            diff = np.array([np.subtract(binned(units[u][L:], width), binned(crop[u], width)) for u in both])
+            diff = np.array([np.subtract(binned(past(spec, units[u], L), width), binned(crop[u], width)) for u in both])
             mean, err = diff.mean(0), diff.std(0, ddof=1) / np.sqrt(len(both))
-            past = np.mean([units[u][L:].mean() - crop[u].mean() for u in both])  # the table's number
+            gap = np.mean([past(spec, units[u], L).mean() - crop[u].mean() for u in both])  # the table's number
             x = L + np.arange(0, diff.shape[1]) * width + width / 2
-            bottom.plot(x, mean, lw=1.5, ms=3, label=f"{spec}: {past:+.3f}", **style)
+            bottom.plot(x, mean, lw=1.5, ms=3, label=f"{spec}: {gap:+.3f}", **style)
             bottom.fill_between(x, mean - err, mean + err, alpha=0.15, color=style["color"], lw=0)
         for ax in (top, bottom):
             ax.axvline(L, color="0.3", ls="--", lw=1)
@@ -462,6 +504,8 @@ def write_report(found, L, a, ckpt, command):
               "the document holds kL more tokens, takes them from its own text kL further back (no end-of-text "
               "token): own text and splice split reads past L in two.\n"]
     lines += bojone_table(found, a.methods)
+    for spec in (m for m in a.methods if is_crop(m) and m != "crop"):
+        lines += finer_crop(found, L, a, spec)
     lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
               "| --- | --- | ---: | ---: | ---: |"] + cost(found)
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -92,3 +92,30 @@ def test_the_loss_figure_draws_1x_beside_the_lengths_past_L(recwarn):
              for u in range(3) for spec, k in (("none", 1), ("none", 2), ("crop", 2), ("yarn", 2))}
     assert long_context.loss_plot(found, n, ["none", "crop", "yarn"], width=16)[:4] == b"\x89PNG"
     assert not [w for w in recwarn if "legend" in str(w.message)]
+
+
+def test_crop_at_another_stride_is_read_beside_the_folders_and_its_page_says_so(run, tmp_path):
+    # crop:stride=S beside crop (auto: L/8 = 16) is the folder option's crop at S; the page reads the decomposition
+    # against it too
+    common = ["--lengths", "3", "--units", "2", "--stages", "loss,bojone"]
+    long_context.main([str(run), "--out", str(tmp_path / "a"), *common, "--methods", "crop,crop:stride=4,yarn"])
+    long_context.main([str(run), "--out", str(tmp_path / "b"), *common, "--methods", "crop", "--crop_stride", "4"])
+    a, b = tmp_path / "a" / "test" / "items", tmp_path / "b" / "test" / "items"
+    for name in ("bojone__crop__u1.json", "loss__crop@3x__u0.json"):
+        finer = json.loads((a / name.replace("crop", "crop:stride=4", 1)).read_text())["nll"]
+        assert finer == json.loads((b / name).read_text())["nll"] != json.loads((a / name).read_text())["nll"]
+    page = tmp_path / "lc.md"
+    long_context.main([str(run), "--out", str(tmp_path / "a"), *common, "--methods", "crop,crop:stride=4,yarn",
+                       "--page", str(page)])
+    text = page.read_text()
+    assert "**Against crop strided at 4** (`crop:stride=4`: each target sees 125 to 128 tokens" in text
+    assert "| `crop:stride=4` | 2 |  | " in text and text.count("| `yarn` (3L) | 2 |") == 2
+
+
+@pytest.mark.parametrize("spec, message", [("crop:stride=0", "--methods crop:stride must be >= 1, got 0"),
+                                           ("crop:stride=129", "--methods crop:stride 129 is too large"),
+                                           ("crop:width=3", "unknown setting 'width' of --methods crop:width=3")])
+def test_a_bad_crop_stride_is_refused_before_anything_is_written(run, tmp_path, spec, message):
+    with pytest.raises(UserError, match=message):
+        long_context.main([str(run), "--out", str(tmp_path / "r"), "--lengths", "3", "--methods", f"none,{spec}"])
+    assert not (tmp_path / "r").exists()
