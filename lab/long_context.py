@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.stats import binomtest
 
 from common import (UserError, command_parser, json_text, parse_list, parse_number, run_cli, shared_values,
                     write_atomic)
@@ -382,6 +383,12 @@ def passkey_grid(found, methods):
     return {m: grid[m] for m in methods if m in grid}
 
 
+def rate(hits):
+    """'k/n [lo, hi]': greedy exact matches with their exact (Clopper-Pearson) 95% interval."""
+    ci = binomtest(sum(hits), len(hits)).proportion_ci(method="exact")
+    return f"{sum(hits)}/{len(hits)} [{ci.low:.0%}, {ci.high:.0%}]"
+
+
 def passkey_plot(grid, L):
     plt = pyplot()
     n = len(grid)
@@ -481,15 +488,17 @@ def write_report(found, L, a, ckpt, command):
              "input's (bojone). Each cell counts the items it rests on; intervals are 95%, bootstrap over documents.\n",
              "## Passkey (greedy exact match, teacher-forced)\n",
              "Readings in flight while the machine was paused for a benchmark count the pause in their seconds. "
-             "One trial a cell is an anecdote, not a rate.\n",
+             "One trial a cell is an anecdote, not a rate; the last column pools the depths, with its exact 95% "
+             "interval (Clopper-Pearson, each depth and trial one draw).\n",
              "The key's line at a depth of the filler (0: first, 1: just before the question); at 2x a key at depth "
              "below about 0.5 lies more than L before the question, where crop cannot see it.\n",
-             "| method | " + " | ".join(f"depth {d:g}" for d in DEPTHS) + " |", "| --- |" + " ---: |" * len(DEPTHS)]
+             "| method | " + " | ".join(f"depth {d:g}" for d in DEPTHS) + " | all depths |",
+             "| --- |" + " ---: |" * (len(DEPTHS) + 1)]
     for spec, cells in grid.items():
         for length in sorted({k for k, _ in cells}, key=lambda s: float(s[:-1])):
             row = [cells.get((length, d)) for d in DEPTHS]
-            lines.append(f"| `{spec}` at {length} | " + " | ".join(
-                f"{sum(h)}/{len(h)}" if h else "" for h in row) + " |")
+            lines.append(f"| `{spec}` at {length} | " + " | ".join(f"{sum(h)}/{len(h)}" if h else "" for h in row)
+                         + f" | {rate([x for h in row if h for x in h])} |")
     if grid:
         lines += ["", f"![passkey, accuracy by length and depth]({heatmap.name})"]
     lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)

@@ -59,6 +59,7 @@ def test_every_reading_lands_as_an_item_resumes_and_makes_a_page(run, tmp_path):
     page = tmp_path / "page" / "lc.md"
     long_context.main(argv + ["--page", str(page)])
     text = page.read_text()
+    assert "| all depths |" in text and text.count("/5 [") == 4  # each method at 3x
     assert "## Passkey" in text and "reads past L" in text and "(2 units) |" in text and "`rerope:window=32+logn` (3L) | 2 |" in text
     assert page.with_suffix(".png").is_file() and json.loads(page.with_suffix(".json").read_text())["items"]
     # the passkey heatmap and the loss by position are drawn, and the page shows them
@@ -119,3 +120,10 @@ def test_a_bad_crop_stride_is_refused_before_anything_is_written(run, tmp_path, 
     with pytest.raises(UserError, match=message):
         long_context.main([str(run), "--out", str(tmp_path / "r"), "--lengths", "3", "--methods", f"none,{spec}"])
     assert not (tmp_path / "r").exists()
+
+
+def test_a_passkey_rate_has_the_exact_binomial_interval():
+    # Clopper-Pearson at the ends, by hand: 0 of n has upper bound 1 - (alpha/2)^(1/n), n of n lower (alpha/2)^(1/n)
+    assert long_context.rate([False] * 5) == f"0/5 [0%, {1 - 0.025 ** (1 / 5):.0%}]" == "0/5 [0%, 52%]"
+    assert long_context.rate([True] * 5) == "5/5 [48%, 100%]"
+    assert long_context.rate([True, False, True, True]) == "3/4 [19%, 99%]"
