@@ -351,13 +351,13 @@ def bojone_table(found, methods, against="crop"):
     return lines
 
 
-def finer_crop(found, L, a, spec):
+def another_crop(found, L, a, spec):
     """Lines: the decomposition's columns with crop in them against crop at another stride, and it minus crop."""
-    stride, finer, crop = crop_stride(spec, a.crop_stride, L), bojone_crop(found, spec), bojone_crop(found, "crop")
-    units = [u for u in finer if u in crop]
+    stride, other, crop = crop_stride(spec, a.crop_stride, L), bojone_crop(found, spec), bojone_crop(found, "crop")
+    units = [u for u in other if u in crop]
     if len(units) < 2:
         return []
-    gap = interval_text(interval([[finer[u] - crop[u] for u in units]]))
+    gap = interval_text(interval([[other[u] - crop[u] for u in units]]))
     return [f"\n**Against crop strided at {stride:,}** (`{spec}`: each target sees {L - stride + 1:,} to {L:,} "
             f"tokens; it minus crop strided at {a.crop_stride:,}: {gap} on {len(units)} units):\n",
             *bojone_table(found, a.methods, spec)]
@@ -514,7 +514,7 @@ def write_report(found, L, a, ckpt, command):
               "token): own text and splice split reads past L in two.\n"]
     lines += bojone_table(found, a.methods)
     for spec in (m for m in a.methods if is_crop(m) and m != "crop"):
-        lines += finer_crop(found, L, a, spec)
+        lines += another_crop(found, L, a, spec)
     lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
               "| --- | --- | ---: | ---: | ---: |"] + cost(found)
     page.parent.mkdir(parents=True, exist_ok=True)
