@@ -174,7 +174,7 @@ def bojone_items(items, model, tokens, docs, L, a, rotary_dim, eot):
     own = [swap_prefix(units[i:i + 1], tokens[None, e - 2 * n - 1:e - n], L)[0] if e - 2 * n - 1 >= d[0] else None
            for i, (e, d) in enumerate(zip(ends, usable))]
     for i in range(len(units)):
-        for crop in ["crop"] + [m for m in a.methods if is_crop(m) and m != "crop"]:  # the same on both arms
+        for crop in a.crops:  # the same on both arms
             items.get(f"bojone/{crop}/u{i}", lambda: dict(
                 nll=float(score(model, units[i], crop, L, L, rotary_dim, a.crop_stride, a.dtype)[0].mean())))
         arms = [("same", units[i]), ("swapped", swapped[i])] + ([("own", own[i])] if own[i] is not None else [])
@@ -247,7 +247,8 @@ def main(argv):
     a.methods = default_methods(L) if a.methods == "auto" else parse_list(a.methods, "methods", str)
     a.at_1x = [m for m in a.methods if m.split(":")[0] in a.at_1x.split(",") and "+logn" not in m]
     a.crop_stride = a.crop_stride or max(1, L // 8)
-    for spec in (m for m in ["crop", *a.methods] if is_crop(m)):
+    a.crops = list(dict.fromkeys(m for m in ["crop", *a.methods] if is_crop(m)))  # bojone reads the folder's always
+    for spec in a.crops:
         crop_stride(spec, a.crop_stride, L)  # a bad stride refused before anything is written
     tokenizer = run_tokenizer(ckpt)
     out = Path(a.out) / a.docs
