@@ -1,5 +1,6 @@
-"""lab/long_context.py: a model read past L (passkey, loss against crop, bojone's protocol with the crop-preserving
-swap) on a tiny run, its items cached as they land and its page written from them."""
+"""lab/long_context.py and its page (lab/long_context_page.py): a model read past L (passkey, loss against crop,
+bojone's protocol with the crop-preserving swap) on a tiny run, its items cached as they land and its page written
+from them."""
 import json
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 import train
 from common import UserError
 from data.tokenizer import gpt2_tokenizer
-from lab import long_context
+from lab import long_context, long_context_page
 from tests.conftest import held_out_corpus
 
 L = 128  # the passkey prompt needs a few hundred tokens of a 300-token vocabulary
@@ -91,7 +92,7 @@ def test_the_loss_figure_draws_1x_beside_the_lengths_past_L(recwarn):
     rng, n = np.random.default_rng(0), 64
     found = {f"loss/{spec}@{k}x/u{u}": dict(nll=(2 + rng.random(n * (k - (spec == "crop")))).tolist())
              for u in range(3) for spec, k in (("none", 1), ("none", 2), ("crop", 2), ("yarn", 2))}
-    assert long_context.loss_plot(found, n, ["none", "crop", "yarn"], width=16)[:4] == b"\x89PNG"
+    assert long_context_page.loss_plot(found, n, ["none", "crop", "yarn"], width=16)[:4] == b"\x89PNG"
     assert not [w for w in recwarn if "legend" in str(w.message)]
 
 
@@ -124,6 +125,6 @@ def test_a_bad_crop_stride_is_refused_before_anything_is_written(run, tmp_path, 
 
 def test_a_passkey_rate_has_the_exact_binomial_interval():
     # Clopper-Pearson at the ends, by hand: 0 of n has upper bound 1 - (alpha/2)^(1/n), n of n lower (alpha/2)^(1/n)
-    assert long_context.rate([False] * 5) == f"0/5 [0%, {1 - 0.025 ** (1 / 5):.0%}]" == "0/5 [0%, 52%]"
-    assert long_context.rate([True] * 5) == "5/5 [48%, 100%]"
-    assert long_context.rate([True, False, True, True]) == "3/4 [19%, 99%]"
+    assert long_context_page.rate([False] * 5) == f"0/5 [0%, {1 - 0.025 ** (1 / 5):.0%}]" == "0/5 [0%, 52%]"
+    assert long_context_page.rate([True] * 5) == "5/5 [48%, 100%]"
+    assert long_context_page.rate([True, False, True, True]) == "3/4 [19%, 99%]"
