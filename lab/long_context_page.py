@@ -224,10 +224,11 @@ def write_report(found, L, a, ckpt, command):
     lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
              f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} "
              f"half of the held-out documents. Crop is strided at {a.crop_stride:,}: each target past L from "
-             f"{L - a.crop_stride + 1:,} to {L:,} tokens. Settings as published, not chosen here: ReRoPE's and "
-             "Self-Extend's window L/4 (bojone's 1,024 of 4k), Self-Extend's group the smallest whose grouped "
-             "distances stay inside L, every scaling at the length's factor (passkey and loss) or the longest "
-             "input's (bojone). Each cell counts the items it rests on; intervals are 95%, bootstrap over documents.\n",
+             f"{L - a.crop_stride + 1:,} to {L:,} tokens. Settings as each method's name says: ReRoPE's and "
+             "Self-Extend's window L/4 as published (bojone's 1,024 of 4k) or one chosen on the dev half (a row of "
+             "its own), Self-Extend's group the smallest whose grouped distances stay inside L, every scaling at the "
+             "length's factor (passkey and loss) or the longest input's (bojone). Each cell counts the items it rests "
+             "on; intervals are 95%, bootstrap over documents.\n",
              "## Passkey (greedy exact match, teacher-forced)\n",
              "Readings in flight while the machine was paused for a benchmark count the pause in their seconds. "
              "One trial a cell is an anecdote, not a rate; the last column pools the depths, with its exact 95% "
