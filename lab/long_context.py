@@ -237,8 +237,10 @@ def main(argv):
     a.at_1x = [m for m in a.methods if m.split(":")[0] in a.at_1x.split(",") and "+logn" not in m]
     a.crop_stride = a.crop_stride or max(1, L // 8)
     a.crops = list(dict.fromkeys(m for m in ["crop", *a.methods] if is_crop(m)))  # bojone reads the folder's always
-    for spec in a.crops:
-        crop_stride(spec, a.crop_stride, L)  # a bad stride refused before anything is written
+    for spec in a.crops:  # a bad method or setting refused before anything is written
+        crop_stride(spec, a.crop_stride, L)
+    for spec, k in ((m, k) for m in a.methods if not is_crop(m) for k in a.lengths):
+        method(spec, L, model.config.block_size, round(k * L), rotary_dim, None)
     tokenizer = run_tokenizer(ckpt)
     out = Path(a.out) / a.docs
     known = out / "ids.json"

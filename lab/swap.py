@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from common import UserError, parse_number
 from eval.methods import forward_args
 from eval.score import score_rows
 
@@ -41,9 +42,12 @@ def final_nll(model, rows, spec, L, k, k_max, rotary_dim, dtype="auto"):
 
 
 def mixed_settings(name):
-    """(k, b) of 'ntk-mixed[:k=K][:b=B]'."""
+    """(k, b) of 'ntk-mixed[:k=K][:b=B]', k >= 1 and b >= 0."""
     given = dict(s.partition("=")[::2] for s in name.split(":")[1:])
-    return float(given.get("k", NTK_MIXED[0])), float(given.get("b", NTK_MIXED[1]))
+    if unknown := sorted(set(given) - {"k", "b"}):
+        raise UserError(f"--methods {name}: ntk-mixed takes no setting {unknown[0]!r}; it takes k and b")
+    return (parse_number(given.get("k", str(NTK_MIXED[0])), f"methods {name}: k", float, 1),
+            parse_number(given.get("b", str(NTK_MIXED[1])), f"methods {name}: b", float, 0))
 
 
 def donors(unit_docs, rng):

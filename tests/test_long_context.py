@@ -116,8 +116,13 @@ def test_crop_at_another_stride_is_read_beside_the_folders_and_its_page_says_so(
 
 @pytest.mark.parametrize("spec, message", [("crop:stride=0", "--methods crop:stride must be >= 1, got 0"),
                                            ("crop:stride=129", "--methods crop:stride 129 is too large"),
-                                           ("crop:width=3", "unknown setting 'width' of --methods crop:width=3")])
-def test_a_bad_crop_stride_is_refused_before_anything_is_written(run, tmp_path, spec, message):
+                                           ("crop:width=3", "unknown setting 'width' of --methods crop:width=3"),
+                                           ("yarnn", "unknown --methods yarnn"),
+                                           ("rerope:window=0", "window must be >= 1, got 0"),
+                                           ("ntk-mixed:k=x+logn", "ntk-mixed:k=x: k 'x' is not a number"),
+                                           ("ntk-mixed:k=0.5", "k must be >= 1, got 0.5"),
+                                           ("ntk-mixed:c=2", "ntk-mixed takes no setting 'c'")])
+def test_a_bad_method_is_refused_before_anything_is_written(run, tmp_path, spec, message):
     with pytest.raises(UserError, match=message):
         long_context.main([str(run), "--out", str(tmp_path / "r"), "--lengths", "3", "--methods", f"none,{spec}"])
     assert not (tmp_path / "r").exists()
