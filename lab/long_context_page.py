@@ -217,19 +217,8 @@ def cost(found):
             for (stage, at), s in sorted(kinds.items())]
 
 
-def write_report(found, L, a, ckpt, command):
-    grid, losses = passkey_grid(found, a.methods), bool(collect(found, "loss"))
-    page = Path(a.page)
-    heatmap, curves = page.with_suffix(".png"), page.with_name(page.stem + "_loss.png")
-    lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
-             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} "
-             f"half of the held-out documents. Crop is strided at {a.crop_stride:,}: each target past L from "
-             f"{L - a.crop_stride + 1:,} to {L:,} tokens. Settings as each method's name says: ReRoPE's and "
-             "Self-Extend's window L/4 as published (bojone's 1,024 of 4k) or one chosen on the dev half (a row of "
-             "its own), Self-Extend's group the smallest whose grouped distances stay inside L, every scaling at the "
-             "length's factor (passkey and loss) or the longest input's (bojone). Each cell counts the items it rests "
-             "on; intervals are 95%, bootstrap over documents.\n",
-             "## Passkey (greedy exact match, teacher-forced)\n",
+def passkey_section(grid, heatmap):
+    lines = ["## Passkey (greedy exact match, teacher-forced)\n",
              "Readings in flight while the machine was paused for a benchmark count the pause in their seconds. "
              "One trial a cell is an anecdote, not a rate; the last column pools the depths, with its exact 95% "
              "interval (Clopper-Pearson, each depth and trial one draw).\n",
@@ -242,22 +231,43 @@ def write_report(found, L, a, ckpt, command):
             row = [cells.get((length, d)) for d in DEPTHS]
             lines.append(f"| `{spec}` at {length} | " + " | ".join(f"{sum(h)}/{len(h)}" if h else "" for h in row)
                          + f" | {rate([x for h in row if h for x in h])} |")
-    if grid:
-        lines += ["", f"![passkey, accuracy by length and depth]({heatmap.name})"]
-    lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
-    if losses:
-        lines += ["", f"![loss by position]({curves.name})"]
-    lines += ["", "## bojone's protocol with the swap that leaves crop untouched\n",
-              "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
-              "more than L before the first final target come from another document (an end-of-text token at the "
-              "splice), so crop is the same on both arms. Reads past L negative: the method gains from the tokens more "
-              "than L back that the swap replaces (those before every final target's window; what it reads from a "
-              "later target's real tokens more than L back falls in its distortion). The own-document control, where "
-              "the document holds kL more tokens, takes them from its own text kL further back (no end-of-text "
-              "token): own text and splice split reads past L in two.\n"]
-    lines += bojone_table(found, a.methods)
+    return lines + ["", f"![passkey, accuracy by length and depth]({heatmap.name})"]
+
+
+def bojone_section(found, L, a):
+    lines = ["", "## bojone's protocol with the swap that leaves crop untouched\n",
+             "The final L targets of each unit (one a document, its last kL + 1 tokens); the swapped arm's tokens "
+             "more than L before the first final target come from another document (an end-of-text token at the "
+             "splice), so crop is the same on both arms. Reads past L negative: the method gains from the tokens more "
+             "than L back that the swap replaces (those before every final target's window; what it reads from a "
+             "later target's real tokens more than L back falls in its distortion). The own-document control, where "
+             "the document holds kL more tokens, takes them from its own text kL further back (no end-of-text "
+             "token): own text and splice split reads past L in two.\n", *bojone_table(found, a.methods)]
     for spec in (m for m in a.methods if is_crop(m) and m != "crop"):
         lines += another_crop(found, L, a, spec)
+    return lines
+
+
+def write_report(found, L, a, ckpt, command):
+    grid, losses = passkey_grid(found, a.methods), bool(collect(found, "loss"))
+    page = Path(a.page)
+    heatmap, curves = page.with_suffix(".png"), page.with_name(page.stem + "_loss.png")
+    lines = [f"# A real model read past its trained length: {Path(a.run).name}\n", f"{generated(command)}\n",
+             f"The model: {source(ckpt, a.run)}, trained at L = {L:,}, read in {a.dtype}. The text: the {a.docs} "
+             f"half of the held-out documents. Crop is strided at {a.crop_stride:,}: each target past L from "
+             f"{L - a.crop_stride + 1:,} to {L:,} tokens. Settings as each method's name says: ReRoPE's and "
+             "Self-Extend's window L/4 as published (bojone's 1,024 of 4k) or one chosen on the dev half (a row of "
+             "its own), Self-Extend's group the smallest whose grouped distances stay inside L, every scaling at the "
+             "length's factor (passkey and loss) or the longest input's (bojone). Each cell counts the items it rests "
+             "on; intervals are 95%, bootstrap over documents. A reading none of whose items has landed has no "
+             "section.\n"]
+    if grid:
+        lines += passkey_section(grid, heatmap)
+    if losses:
+        lines += ["", "## Loss by position against crop"] + loss_table(found, L, a.methods)
+        lines += ["", f"![loss by position]({curves.name})"]
+    if any(name.startswith("bojone/") for name in found):
+        lines += bojone_section(found, L, a)
     lines += ["", "## What each reading cost\n", "| reading | method at length | items | median seconds | minutes |",
               "| --- | --- | ---: | ---: | ---: |"] + cost(found)
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,7 @@ def test_crop_at_another_stride_is_read_beside_the_folders_and_its_page_says_so(
     long_context.main([str(run), "--out", str(tmp_path / "a"), *common, "--methods", "crop,crop:stride=4,yarn",
                        "--page", str(page)])
     text = page.read_text()
+    assert "## Passkey" not in text and not page.with_suffix(".png").exists()  # no passkey item, no section
     assert "**Against crop strided at 4** (`crop:stride=4`: each target sees 125 to 128 tokens" in text
     assert "| `crop:stride=4` | 2 |  | " in text and text.count("| `yarn` (3L) | 2 |") == 2
 
