@@ -20,11 +20,16 @@ $read --out "$out/readings" --stages bojone --lengths 3 --methods self-extend:wi
 $read --out "$out/readings" --stages loss,passkey --lengths 1,2,4,8 --trials 4
 $read --out "$out/readings" --stages bojone --lengths 3
 $read --out "$out/readings" --page "$out/smollm2.md"
-# the windows on dev (the test readings keep the published L/4): loss at 2x and 4x
+# the windows on dev (the test readings keep the published L/4): loss at 2x and 4x; then on test the windows the
+# CPU chose on 4 dev documents at 2x (docs/pretrained.md), beside the published ones
 windows=none,crop,rerope:window=1024+logn,rerope:window=2048+logn,rerope:window=4096+logn
 windows=$windows,self-extend:window=1024,self-extend:window=2048,self-extend:window=4096
 $read --out "$out/readings" --docs dev --stages loss --lengths 2,4 --methods "$windows"
 $read --out "$out/readings" --docs dev --methods "$windows" --page "$out/smollm2_dev.md"
+chosen=rerope:window=4096+logn,self-extend:window=1024
+$read --out "$out/readings" --stages loss,passkey --lengths 1,2,4,8 --trials 4 --methods "$chosen"
+published=none,crop,yarn,ntk,self-extend:window=2048,rerope:window=2048+logn,dynamic-ntk,pi,llama3,rerope:window=2048
+$read --out "$out/readings" --methods "$published,ntk-mixed+logn,$chosen" --page "$out/smollm2.md"
 # the readings above in bfloat16 (auto on a GPU); one method and crop again in float32, beside them
 $read --out "$out/readings_float32" --dtype float32 --stages loss --lengths 2 --methods none,crop,yarn
 $read --out "$out/readings_float32" --page "$out/smollm2_float32.md"
