@@ -165,9 +165,13 @@ def loss_plot(found, L, methods, width=512):
     for col, key in enumerate(keys):
         crop = {u: np.asarray(v["nll"]) for u, v in got.get(f"crop@{key}", [])}
         top, bottom = axes[0, col], axes[1, col]
+        drawn = []
         for spec in (m for m in methods if f"{m}@{key}" in got):
             units = {u: np.asarray(v["nll"]) for u, v in got[f"{spec}@{key}"]}
             style = {**line_style(spec), **({"ls": ":"} if "+logn" in spec else {})}  # ReRoPE's two told apart
+            if style in drawn:  # the same method at another setting (a window chosen on dev)
+                style = {**style, "ls": "-." if style.get("ls") != "-." else "-", "mfc": "none"}
+            drawn.append(style)
             start = L if is_crop(spec) else 0
             x = start + np.arange(0, len(next(iter(units.values()))), width) + width / 2
             top.plot(x, np.mean([binned(v, width) for v in units.values()], axis=0), lw=1.5, ms=3,
