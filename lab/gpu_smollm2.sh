@@ -28,8 +28,8 @@ $read --out "$out/readings" --docs dev --stages loss --lengths 2,4 --methods "$w
 $read --out "$out/readings" --docs dev --methods "$windows" --page "$out/smollm2_dev.md"
 chosen=rerope:window=4096+logn,self-extend:window=1024
 $read --out "$out/readings" --stages loss,passkey --lengths 1,2,4,8 --trials 4 --methods "$chosen"
-published=none,crop,yarn,ntk,self-extend:window=2048,rerope:window=2048+logn,dynamic-ntk,pi,llama3,rerope:window=2048
-$read --out "$out/readings" --methods "$published,ntk-mixed+logn,$chosen" --page "$out/smollm2.md"
+published=$(python -c "from lab.long_context import default_methods; print(','.join(default_methods(8192)))")
+$read --out "$out/readings" --methods "$published,$chosen" --page "$out/smollm2.md"
 # the readings above in bfloat16 (auto on a GPU); one method and crop again in float32, beside them
 $read --out "$out/readings_float32" --dtype float32 --stages loss --lengths 2 --methods none,crop,yarn
 $read --out "$out/readings_float32" --page "$out/smollm2_float32.md"
